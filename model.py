@@ -1,0 +1,255 @@
+"""
+A compact Llama that returns every residual stream.
+
+Pre-norm RMSNorm, rotary position embeddings (precomputed buffer), grouped-query attention through
+F.scaled_dot_product_attention, SwiGLU MLP, no biases, final RMSNorm, LM head. Nothing distributed.
+
+    out = model(idx, targets)
+    out.logits          [B, T, vocab]
+    out.loss            mean cross-entropy over targets != -1 (None without targets)
+    out.hidden_states   [h_0, h_1, ..., h_L]: h_0 the embedding output, h_l the raw residual stream after block l
+    out.final_hidden    norm(h_L), the vector the LM head reads (what Hugging Face reports as its last hidden state)
+
+The streams are the tensors autograd keeps for the backward pass anyway, so returning them is free.
+Llama.from_hf / Llama.to_hf convert to and from transformers' LlamaForCausalLM (imported only there).
+"""
+import math
+from dataclasses import dataclass, asdict, replace
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int = 50304        # GPT-2's 50257 padded up to a multiple of 64
+    n_layer: int = 12
+    n_head: int = 12
+    n_kv_head: int = 12            # < n_head: grouped-query attention
+    d_model: int = 768
+    ffn_hidden: int = 2048         # SwiGLU hidden size
+    max_seq_len: int = 2048
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+
+    @property
+    def head_dim(self):
+        return self.d_model // self.n_head
+
+    def __post_init__(self):
+        assert self.d_model % self.n_head == 0, "d_model must be divisible by n_head"
+        assert self.n_head % self.n_kv_head == 0, "n_head must be a multiple of n_kv_head"
+        assert self.head_dim % 2 == 0, "RoPE needs an even head dimension"
+
+
+# The paper's sizes (PAPER.md; heads and FFN widths are our choices) and small CPU sizes.
+PRESETS = {
+    "tiny": LlamaConfig(n_layer=8, n_head=4, n_kv_head=2, d_model=128, ffn_hidden=352, max_seq_len=256),
+    "small": LlamaConfig(n_layer=8, n_head=4, n_kv_head=4, d_model=256, ffn_hidden=688, max_seq_len=512),
+    "170m": LlamaConfig(n_layer=12, n_head=12, n_kv_head=12, d_model=768, ffn_hidden=2048),
+    "1b": LlamaConfig(n_layer=16, n_head=16, n_kv_head=16, d_model=2048, ffn_hidden=5632),
+    "3.4b": LlamaConfig(n_layer=28, n_head=24, n_kv_head=24, d_model=3072, ffn_hidden=8192),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # normalise in fp32, as Hugging Face's LlamaRMSNorm does, then scale in the input dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_cache(cfg: LlamaConfig):
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+    freqs = torch.outer(torch.arange(cfg.max_seq_len, dtype=torch.float32), inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)                      # [T, head_dim], "rotate half" layout
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x, cos, sin):
+    # x: [B, H, T, hd]; cos/sin: [T, hd]
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.d_model, cfg.n_head * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
+        self.up_proj = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class LlamaOutput(NamedTuple):
+    logits: torch.Tensor
+    loss: Optional[torch.Tensor]
+    hidden_states: list
+    final_hidden: torch.Tensor
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.config = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        cos, sin = rope_cache(cfg)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        std = self.config.init_std
+        for name, p in self.named_parameters():
+            if p.dim() == 1:                                     # RMSNorm gains
+                nn.init.ones_(p)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.config.n_layer))   # depth-scaled residual outputs
+            else:
+                nn.init.normal_(p, 0.0, std)
+
+    def forward(self, idx, targets=None):
+        T = idx.size(1)
+        assert T <= self.config.max_seq_len, f"sequence length {T} > max_seq_len {self.config.max_seq_len}"
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        x = self.tok_emb(idx)
+        hidden_states = [x]
+        for block in self.layers:
+            x = block(x, cos, sin)
+            hidden_states.append(x)
+        final_hidden = self.norm(x)
+        logits = self.lm_head(final_hidden)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return LlamaOutput(logits, loss, hidden_states, final_hidden)
+
+    # ---- accounting -------------------------------------------------------------------------------------
+    def num_params(self, non_embedding=False):
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and not self.config.tie_embeddings:
+            n -= self.tok_emb.weight.numel()                     # a lookup, no FLOPs
+        return n
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token: 6N for the matmuls of forward + backward, plus attention scores 6·L·d·T
+        (causal: half of the 12·L·d·T of a full attention matrix)."""
+        cfg = self.config
+        return 6 * self.num_params(non_embedding=True) + 6 * cfg.n_layer * cfg.d_model * seq_len
+
+    # ---- Hugging Face conversion ------------------------------------------------------------------------
+    @staticmethod
+    def _hf_names(n_layer):
+        """Our parameter name -> Hugging Face LlamaForCausalLM parameter name."""
+        names = {"tok_emb.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+                 "lm_head.weight": "lm_head.weight"}
+        sub = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
+               "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
+               "attn.v_proj": "self_attn.v_proj", "attn.o_proj": "self_attn.o_proj",
+               "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.up_proj", "mlp.down_proj": "mlp.down_proj"}
+        for i in range(n_layer):
+            for ours, theirs in sub.items():
+                names[f"layers.{i}.{ours}.weight"] = f"model.layers.{i}.{theirs}.weight"
+        return names
+
+    @classmethod
+    def from_hf(cls, hf_model):
+        """Build a Llama from a transformers LlamaForCausalLM (weights copied, dtype kept)."""
+        c = hf_model.config
+        rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise NotImplementedError(f"rope_type {rope_type!r} is not supported (only plain RoPE)")
+        if getattr(c, "attention_bias", False) or getattr(c, "mlp_bias", False):
+            raise NotImplementedError("attention/MLP biases are not supported")
+        if getattr(c, "hidden_act", "silu") != "silu":
+            raise NotImplementedError(f"hidden_act {c.hidden_act!r} is not supported (only silu)")
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        if head_dim != c.hidden_size // c.num_attention_heads:
+            raise NotImplementedError("head_dim != hidden_size / num_attention_heads is not supported")
+        theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
+        cfg = LlamaConfig(
+            vocab_size=c.vocab_size, n_layer=c.num_hidden_layers, n_head=c.num_attention_heads,
+            n_kv_head=c.num_key_value_heads or c.num_attention_heads, d_model=c.hidden_size,
+            ffn_hidden=c.intermediate_size, max_seq_len=c.max_position_embeddings, rope_theta=float(theta),
+            norm_eps=c.rms_norm_eps, tie_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+            init_std=getattr(c, "initializer_range", 0.02))
+        hf_sd = hf_model.state_dict()
+        dtype = next(hf_model.parameters()).dtype
+        with torch.device("meta"):
+            model = cls(cfg)
+        model = model.to_empty(device="cpu")
+        model.rope_cos, model.rope_sin = rope_cache(cfg)
+        sd = {ours: hf_sd[theirs] for ours, theirs in cls._hf_names(cfg.n_layer).items()
+              if not (cfg.tie_embeddings and ours == "lm_head.weight")}
+        model.load_state_dict(sd, strict=not cfg.tie_embeddings)
+        if cfg.tie_embeddings:
+            model.lm_head.weight = model.tok_emb.weight
+        return model.to(dtype)
+
+    def to_hf(self):
+        """Return an equivalent transformers LlamaForCausalLM (fp32 unless this model is in another dtype)."""
+        from transformers import LlamaConfig as HFConfig, LlamaForCausalLM
+        cfg = self.config
+        hf_cfg = HFConfig(
+            vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_hidden,
+            num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head,
+            max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
+            tie_word_embeddings=cfg.tie_embeddings, initializer_range=cfg.init_std,
+            attention_bias=False, mlp_bias=False, hidden_act="silu")
+        hf = LlamaForCausalLM(hf_cfg).to(next(self.parameters()).dtype)
+        sd = self.state_dict()
+        hf_sd = {theirs: sd[ours] for ours, theirs in self._hf_names(cfg.n_layer).items()}
+        missing, unexpected = hf.load_state_dict(hf_sd, strict=False)
+        assert not unexpected and all("rotary" in k or "inv_freq" in k for k in missing), (missing, unexpected)
+        return hf
