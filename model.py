@@ -171,7 +171,7 @@ class Llama(nn.Module):
         logits = self.lm_head(final_hidden)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1)
         return LlamaOutput(logits, loss, hidden_states, final_hidden)
 
     # ---- accounting -------------------------------------------------------------------------------------

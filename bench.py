@@ -1,0 +1,139 @@
+"""
+Speed, measured side by side in one run (ratios, not absolute claims). Random tokens, no data needed.
+
+    python bench.py                                   # CPU: small config, fp32, eager
+    python bench.py --preset 170m --device cuda --compile --dtype bfloat16 --micro_batch 16 --seq_len 2048
+                                                      # the GPU check: tok/s and MFU, λ = 0 vs λ = 1
+
+It times, interleaving the contenders so that machine noise hits all of them alike (median of --repeats):
+  1. forward + backward: our Llama vs transformers' LlamaForCausalLM with the same weights (skipped without
+     transformers or with --no_hf);
+  2. a full training step (forward, backward, clip, AdamW) through train.py's JregObjective, λ = 0 vs λ = 1,
+     and our training step vs the same step on the Hugging Face model.
+"""
+import argparse
+import dataclasses
+import statistics
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+
+from model import PRESETS, Llama
+from train import Config, JregObjective, PEAK_FLOPS, peak_flops
+
+
+def timed(fn, device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def race(contenders, device, warmup, repeats):
+    """Median seconds per call of each contender, interleaved."""
+    for fn in contenders.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, fn in contenders.items():
+            times[name].append(timed(fn, device))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    p.add_argument("--vocab_size", type=int, default=None, help="override the preset's vocabulary")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="autocast dtype")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--micro_batch", type=int, default=4)
+    p.add_argument("--seq_len", type=int, default=256)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--no_hf", action="store_true", help="skip the transformers comparison")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    mcfg = PRESETS[args.preset]
+    mcfg = dataclasses.replace(mcfg, max_seq_len=max(mcfg.max_seq_len, args.seq_len),
+                               **({"vocab_size": args.vocab_size} if args.vocab_size else {}))
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
+    torch.manual_seed(0)
+    x = torch.randint(0, mcfg.vocab_size, (args.micro_batch, args.seq_len), device=device)
+    y = torch.randint(0, mcfg.vocab_size, (args.micro_batch, args.seq_len), device=device)
+    tokens = x.numel()
+
+    def train_step_fn(step_model, params):
+        opt = torch.optim.AdamW(params, lr=1e-4, fused=device.type in ("cuda", "cpu"))
+
+        def step():
+            with autocast:
+                loss = step_model(x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    def objective(lam):
+        torch.manual_seed(0)
+        model = Llama(mcfg).to(device)
+        obj = JregObjective(model, Config(jreg_lambda=lam, jreg_alpha=1.0)).to(device)
+        run = torch.compile(obj) if args.compile else obj
+        return model, lambda a, b: run(a, b)[0]
+
+    print(f"{args.preset}: {mcfg.n_layer} layers, d={mcfg.d_model}, vocab {mcfg.vocab_size} | batch "
+          f"{args.micro_batch}x{args.seq_len} | {device} {args.dtype} | compile={args.compile} | torch {torch.__version__}")
+
+    # 1 + 2: training steps
+    base_model, base_loss = objective(0.0)
+    jreg_model, jreg_loss = objective(1.0)
+    contenders = {"ours λ=0": train_step_fn(base_loss, list(base_model.parameters())),
+                  "ours λ=1": train_step_fn(jreg_loss, list(jreg_model.parameters()))}
+    hf = None
+    if not args.no_hf:
+        try:
+            hf = base_model.to_hf().to(device)
+        except ImportError:
+            print("transformers is not installed: skipping the Hugging Face comparison")
+    if hf is not None:
+        hf.config._attn_implementation = "sdpa"
+        hf_run = torch.compile(hf) if args.compile else hf
+        hf_loss = lambda a, b: F.cross_entropy(hf_run(input_ids=a).logits.float().flatten(0, 1), b.view(-1))
+        contenders["HF λ=0"] = train_step_fn(hf_loss, list(hf.parameters()))
+        plain = torch.compile(base_model) if args.compile else base_model     # forward + backward, no optimiser
+
+        def fwd_bwd(loss_fn):
+            def run():
+                with autocast:
+                    loss = loss_fn(x, y)
+                loss.backward()
+            return run
+        fb = race({"ours": fwd_bwd(lambda a, b: plain(a, b).loss), "HF": fwd_bwd(hf_loss)},
+                  device, args.warmup, args.repeats)
+        print(f"forward+backward   ours {1e3 * fb['ours']:8.1f} ms   HF {1e3 * fb['HF']:8.1f} ms   "
+              f"speed ratio ours/HF = {fb['HF'] / fb['ours']:.3f}x")
+    t = race(contenders, device, args.warmup, args.repeats)
+    peak = peak_flops(device)
+    flops = base_model.flops_per_token(args.seq_len) * tokens
+    for name, sec in t.items():
+        mfu = f"   MFU {100 * flops / sec / peak:5.1f}%" if peak else ""
+        print(f"train step {name:9s} {1e3 * sec:8.1f} ms   {tokens / sec:10.0f} tok/s{mfu}")
+    print(f"JREG overhead (λ=1 vs λ=0 step time): {100 * (t['ours λ=1'] / t['ours λ=0'] - 1):+.1f}%")
+    if "HF λ=0" in t:
+        print(f"training step speed ours/HF: {t['HF λ=0'] / t['ours λ=0']:.3f}x")
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        print(f"device {name}; peak bf16 {peak / 1e12 if peak else 'unknown'} TFLOP/s "
+              f"(table: {', '.join(k for k, _ in PEAK_FLOPS)}); max memory {torch.cuda.max_memory_allocated() / 1e9:.1f} GB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""Tests of train.py on a tiny model and a tiny shard set (byte tokens of this repository's own source code)."""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from prepare_fineweb import write_shard
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """Real text, byte-level tokens (vocab 256): one val shard and three train shards."""
+    text = b"".join(open(p, "rb").read() for p in sorted(glob.glob(os.path.join(HERE, "*.py"))))
+    tokens = np.frombuffer(text, dtype=np.uint8).astype(np.uint16)
+    d = tmp_path_factory.mktemp("shards")
+    val, train_tokens = tokens[:8192], tokens[8192:8192 + 3 * 20000]
+    write_shard(str(d / "test_val_000000.bin"), val, tokenizer="bytes", vocab_size=256, eot_token=0)
+    for i, part in enumerate(np.array_split(train_tokens, 3)):
+        write_shard(str(d / f"test_train_{i + 1:06d}.bin"), part, tokenizer="bytes", vocab_size=256, eot_token=0)
+    return str(d)
+
+
+TINY = ["--model=tiny", "--vocab_size=256", "--n_layer=4", "--d_model=64", "--n_head=4", "--n_kv_head=2",
+        "--ffn_hidden=128", "--tokenizer=bytes", "--seq_len=64", "--micro_batch=4", "--batch_tokens=512",
+        "--lr=3e-3", "--warmup_steps=5", "--compile=False", "--eval_batches=4", "--seed=0"]
+
+
+def run(data_dir, out_dir, *extra):
+    train.main(TINY + [f"--data_dir={data_dir}", f"--out_dir={out_dir}", *extra])
+    return read_log(out_dir)
+
+
+def read_log(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    return [r for r in records if "loss" in r], [r for r in records if "val_loss" in r]
+
+
+def test_loss_falls_and_log_schema(data_dir, tmp_path):
+    steps, evals = run(data_dir, tmp_path, "--max_steps=40", "--eval_interval=20", "--ckpt_interval=20")
+    assert [r["step"] for r in steps] == list(range(1, 41))
+    assert np.mean([r["loss"] for r in steps[-5:]]) < steps[0]["loss"] - 1.0
+    for key in ("step", "tokens", "loss", "ce", "jreg", "zeta_L", "lr", "grad_norm", "tok_per_s", "mfu", "mem_gb"):
+        assert key in steps[0], key
+    assert steps[-1]["tokens"] == 40 * 512 and steps[0]["mfu"] is None       # no known peak on CPU
+    assert steps[0]["loss"] == steps[0]["ce"]                                 # λ = 0: loss is CE
+    assert [e["step"] for e in evals] == [0, 20, 40]
+    assert len(evals[-1]["psi"]) == 4 and len(evals[-1]["zeta"]) == 3
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 1.0
+    saved = json.load(open(tmp_path / "config.json"))
+    assert saved["config"]["max_steps"] == 40 and saved["model_config"]["n_layer"] == 4
+    info = json.load(open(tmp_path / "run_info.json"))
+    assert info["torch"] == torch.__version__ and "git_commit" in info
+    ckpt = torch.load(tmp_path / "ckpt_0000040.pt", weights_only=False)
+    assert not any(k.startswith("_orig_mod") for k in ckpt["model"])
+    assert ckpt["step"] == 40 and ckpt["data_state"]["seq_index"] == 40 * 8
+    assert sorted(os.listdir(tmp_path)) == ["ckpt_0000020.pt", "ckpt_0000040.pt", "config.json", "log.jsonl",
+                                            "run_info.json"]
+
+
+def test_jreg_lowers_final_displacement(data_dir, tmp_path):
+    common = ["--max_steps=60", "--eval_interval=60", "--ckpt_interval=1000"]
+    base_steps, base_eval = run(data_dir, tmp_path / "base", *common)
+    jreg_steps, jreg_eval = run(data_dir, tmp_path / "jreg", *common, "--jreg_lambda=1.0", "--jreg_alpha=1.0")
+    b, j = base_eval[-1], jreg_eval[-1]
+    assert j["psi"][-1] < 0.8 * b["psi"][-1], (b["psi"], j["psi"])
+    assert j["zeta"][-1] <= b["zeta"][-1] + 1e-6
+    assert abs(j["val_loss"] - b["val_loss"]) < 0.1 * b["val_loss"]
+    assert jreg_steps[-1]["loss"] == pytest.approx(jreg_steps[-1]["ce"] + jreg_steps[-1]["jreg"], rel=1e-5)
+    assert base_steps[0]["ce"] == pytest.approx(jreg_steps[0]["ce"], rel=1e-6)   # same init and data
+
+
+def test_killed_run_resumes_exactly(data_dir, tmp_path, monkeypatch):
+    full, _ = run(data_dir, tmp_path / "full", "--max_steps=20", "--ckpt_interval=5", "--eval_interval=10")
+    real_lr_at = train.lr_at
+
+    def crash_at_13(step, cfg):
+        if step == 12:                                     # during step 13: steps 11-12 are logged, not saved
+            raise KeyboardInterrupt("simulated kill")
+        return real_lr_at(step, cfg)
+
+    monkeypatch.setattr(train, "lr_at", crash_at_13)
+    with pytest.raises(KeyboardInterrupt):
+        run(data_dir, tmp_path / "resumed", "--max_steps=20", "--ckpt_interval=5", "--eval_interval=10")
+    assert [r["step"] for r in read_log(tmp_path / "resumed")[0]][-1] == 12
+    monkeypatch.setattr(train, "lr_at", real_lr_at)
+    resumed, evals = run(data_dir, tmp_path / "resumed", "--max_steps=20", "--ckpt_interval=5", "--eval_interval=10")
+    assert [r["step"] for r in resumed] == list(range(1, 21))                   # the log holds the whole run once
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in full]           # bit-identical on CPU
+    assert [e["step"] for e in evals] == [0, 10, 20]
+
+
+def test_sigterm_saves_and_resumes(data_dir, tmp_path):
+    cmd = [sys.executable, os.path.join(HERE, "train.py"), *TINY, f"--data_dir={data_dir}",
+           f"--out_dir={tmp_path}", "--max_steps=100000", "--ckpt_interval=100000", "--eval_interval=0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE)
+    for line in proc.stdout:
+        if line.startswith("step"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, out
+    ckpts = sorted(glob.glob(str(tmp_path / "ckpt_*.pt")))
+    assert len(ckpts) == 1 and "stopped by signal" in out
+    step = torch.load(ckpts[0], weights_only=False)["step"]
+    assert [r["step"] for r in read_log(tmp_path)[0]] == list(range(1, step + 1))
+
+
+def test_nonfinite_loss_stops_with_checkpoint_intact(data_dir, tmp_path, capsys):
+    run(data_dir, tmp_path, "--max_steps=3", "--eval_interval=0")
+    before = open(tmp_path / "ckpt_0000003.pt", "rb").read()
+    with pytest.raises(FloatingPointError, match="step 4"):
+        run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--jreg_lambda=nan")
+    assert open(tmp_path / "ckpt_0000003.pt", "rb").read() == before
+    assert sorted(glob.glob(str(tmp_path / "ckpt_*.pt"))) == [str(tmp_path / "ckpt_0000003.pt")]
+
+
+def cli(*args, cwd=HERE):
+    return subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+def test_config_errors(data_dir, tmp_path):
+    cfg_file = tmp_path / "bad.py"
+    cfg_file.write_text("max_step = 10\n")
+    r = cli(str(cfg_file))
+    assert r.returncode != 0 and "unknown config key 'max_step'" in r.stderr and "Traceback" not in r.stderr
+    r = cli("--jreg_lamda=1")
+    assert r.returncode != 0 and "unknown config key 'jreg_lamda'" in r.stderr
+    with pytest.raises(train.RunError, match="'max_steps': expected int"):
+        train.load_config(["--max_steps=ten"])
+    cfg_file.write_text("lr = 'fast'\n")
+    with pytest.raises(train.RunError, match="'lr': expected float"):
+        train.load_config([str(cfg_file)])
+    with pytest.raises(train.RunError, match="'compile': expected a bool"):
+        train.load_config(["--compile=maybe"])
+    with pytest.raises(train.RunError, match="does not exist"):
+        train.load_config([str(tmp_path / "missing.py")])
+    with pytest.raises(train.RunError, match="jreg_weighting"):
+        train.load_config(["--jreg_weighting=top"])
+    cfg = train.load_config(["configs/170m_jreg.py", "--lr=1e-3", "--max_steps=5e3"])
+    assert (cfg.lr, cfg.max_steps, cfg.jreg_lambda, cfg.model) == (1e-3, 5000, 1.0, "170m")
+    with pytest.raises(train.RunError, match="batch_tokens"):
+        run(data_dir, tmp_path / "b", "--batch_tokens=500")
+
+
+def test_data_errors(data_dir, tmp_path):
+    r = cli(*TINY, f"--data_dir={tmp_path / 'nowhere'}", f"--out_dir={tmp_path / 'o'}")
+    assert r.returncode != 0 and "data directory not found" in r.stderr and "Traceback" not in r.stderr
+    assert not os.path.exists(tmp_path / "o")
+    with pytest.raises(train.RunError, match="tokenizer"):
+        run(data_dir, tmp_path / "o", "--tokenizer=gpt2")
+    with pytest.raises(train.RunError, match="vocab_size 128"):
+        run(data_dir, tmp_path / "o", "--vocab_size=128")
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_checkpoint_of_another_model_is_refused(data_dir, tmp_path):
+    run(data_dir, tmp_path, "--max_steps=2", "--eval_interval=0")
+    before = {p: open(p, "rb").read() for p in glob.glob(str(tmp_path / "*"))}
+    with pytest.raises(train.RunError, match="another model"):
+        run(data_dir, tmp_path, "--max_steps=4", "--n_layer=3")
+    assert {p: open(p, "rb").read() for p in glob.glob(str(tmp_path / "*"))} == before
+
+
+def test_data_order_is_deterministic_disjoint_and_resumable(data_dir):
+    s = train.ShardStream(data_dir, "train", 64, seed=0, tokenizer="bytes", vocab_size=256)
+    n = s.per_epoch
+    first = [s.position(k) for k in range(n)]
+    assert len(set(first)) == n                                   # one epoch visits every window once
+    second = [s.position(k) for k in range(n, 2 * n)]
+    assert sorted(first) == sorted(second) and first != second    # next epoch: same windows, new order
+    again = train.ShardStream(data_dir, "train", 64, seed=0, tokenizer="bytes", vocab_size=256)
+    assert [again.position(k) for k in range(n - 5, n + 5)] == first[-5:] + second[:5]   # random access
+    other = train.ShardStream(data_dir, "train", 64, seed=1, tokenizer="bytes", vocab_size=256)
+    assert [other.position(k) for k in range(10)] != first[:10]
+    shard, start = first[7]
+    assert np.array_equal(s.window(7), s.shards[shard][start:start + 65])
+    x, y = s.batch(3, 2)                                          # inputs and next-token targets
+    assert x.shape == (2, 64) and torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_lr_schedule():
+    cfg = train.Config(lr=1.0, warmup_steps=10, max_steps=110, min_lr_ratio=0.1)
+    assert train.lr_at(0, cfg) == pytest.approx(0.1) and train.lr_at(9, cfg) == pytest.approx(1.0)
+    assert train.lr_at(60, cfg) == pytest.approx(0.55) and train.lr_at(110, cfg) == pytest.approx(0.1)
+
+
+def torchrun(nproc, out_dir, data_dir, *extra):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           os.path.join(HERE, "train.py"), *TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return read_log(out_dir)
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_two_processes_match_one(data_dir, tmp_path, mode):
+    args = ["--max_steps=8", "--eval_interval=4", "--ckpt_interval=4", "--jreg_lambda=1.0"]
+    one, one_eval = run(data_dir, tmp_path / "one", *args)                  # one process, plain
+    if mode == "fsdp":
+        args.append("--fsdp=True")
+    two, two_eval = torchrun(2, tmp_path / "two", data_dir, *args)
+    np.testing.assert_allclose([r["loss"] for r in two], [r["loss"] for r in one], rtol=0, atol=1e-5)
+    np.testing.assert_allclose([e["val_loss"] for e in two_eval], [e["val_loss"] for e in one_eval], atol=1e-5)
+    a = torch.load(tmp_path / "one" / "ckpt_0000008.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "two" / "ckpt_0000008.pt", weights_only=False)["model"]
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)
+    if mode == "fsdp":                          # resume an FSDP run from its (full) checkpoint
+        more, _ = torchrun(2, tmp_path / "two", data_dir, *args[1:], "--max_steps=10")
+        assert [r["step"] for r in more] == list(range(1, 11)) and more[:8] == two
+        assert more[-1]["loss"] < more[0]["loss"]
