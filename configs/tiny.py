@@ -1,0 +1,16 @@
+# A Llama small enough to train in about a minute on a 2-core CPU (python train.py configs/tiny.py).
+# Data: python prepare_fineweb.py --input <text files> --out_dir data/tiny ... (see README, quick start)
+model = "tiny"                 # 8 layers, d_model 128, 4 heads / 2 KV heads, GPT-2 vocabulary
+data_dir = "data/kjv"
+out_dir = "out/tiny"
+device = "cpu"
+compile = False                # compiling costs more than it saves at this size on a CPU
+batch_tokens = 2048            # 16 sequences x 128 tokens
+seq_len = 128
+micro_batch = 16
+max_steps = 50
+warmup_steps = 10
+lr = 3e-3
+eval_interval = 25
+eval_batches = 4
+ckpt_interval = 25
