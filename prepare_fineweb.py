@@ -214,6 +214,9 @@ def _load_tokenizer(name: str, pat_str: str | None, eot_token: int | None) -> ti
         raise TokenizerError(f"pat_str / eot_token apply to a .tiktoken ranks file, not to {name!r}")
     if name == "gpt2":
         enc = _gpt2()
+    elif name == "bytes":  # one token per UTF-8 byte, <|endoftext|> = 256: for small CPU experiments
+        enc = tiktoken.Encoding(name="bytes", pat_str=GPT2_PAT_STR, special_tokens={"<|endoftext|>": 256},
+                                mergeable_ranks={bytes([i]): i for i in range(256)})
     elif name in known:
         try:
             enc = tiktoken.get_encoding(name)
@@ -234,7 +237,7 @@ def _load_tokenizer(name: str, pat_str: str | None, eot_token: int | None) -> ti
                                 mergeable_ranks=ranks, special_tokens={"<|endoftext|>": eot})
         name = os.path.abspath(name)
     else:
-        raise TokenizerError(f"unknown tokenizer {name!r}: expected one of {', '.join(known)} "
+        raise TokenizerError(f"unknown tokenizer {name!r}: expected bytes, one of {', '.join(known)} "
                              "or the path of a .tiktoken ranks file")
     enc._prepare_spec = (name, pat_str, eot_token)  # what worker processes rebuild it from
     return enc

@@ -153,6 +153,20 @@ def test_unknown_tokenizer():
         pf.get_tokenizer("gpt2", eot_token=5)
 
 
+def test_bytes_tokenizer_round_trips_utf8(tmp_path):
+    enc = pf.get_tokenizer("bytes")
+    text = DOCS[2]
+    assert enc.encode_ordinary(text) == list(text.encode("utf-8"))
+    assert (enc.eot_token, enc.n_vocab) == (256, 257) and enc.decode(enc.encode_ordinary(text)) == text
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS[:5]))
+    pf.prepare(str(tmp_path / "out"), inputs=[str(src)], tokenizer="bytes", shard_tokens=200, val_tokens=50,
+               workers=1, progress=False)
+    tokens = np.concatenate([pf.read_shard(p, tokenizer="bytes", vocab_size=257)[0] for p in
+                             pf.list_shards(str(tmp_path / "out"), "val") + pf.list_shards(str(tmp_path / "out"), "train")])
+    assert bytes(t for t in tokens.tolist() if t != 256) == "".join(DOCS[:5]).encode("utf-8")
+
+
 def test_split_patterns_match_tiktoken():
     import inspect
 
