@@ -150,6 +150,11 @@ def test_config_errors(data_dir, tmp_path):
         train.load_config(["--jreg_weighting=top"])
     cfg = train.load_config(["configs/170m_jreg.py", "--lr=1e-3", "--max_steps=5e3"])
     assert (cfg.lr, cfg.max_steps, cfg.jreg_lambda, cfg.model) == (1e-3, 5000, 1.0, "170m")
+    assert cfg.batch_tokens == 524288 and cfg.out_dir == "out/170m_jreg"       # include("170m.py") + overrides
+    (tmp_path / "base.py").write_text("lr = 0.5\nwarmup_step = 3\n")
+    cfg_file.write_text("include('base.py')\n")
+    with pytest.raises(train.RunError, match="unknown config key 'warmup_step'"):
+        train.load_config([str(cfg_file)])
     with pytest.raises(train.RunError, match="batch_tokens"):
         run(data_dir, tmp_path / "b", "--batch_tokens=500")
 

@@ -112,6 +112,17 @@ def check_type(key, value, ftype):
     return value
 
 
+def read_config_file(path):
+    """The settings a config file assigns. `include("other.py")` inside it first reads another file of the same
+    folder, so a JREG config can be its baseline plus the lines that differ."""
+    if not os.path.isfile(path):
+        raise RunError(f"config file {path!r} does not exist")
+    namespace = {"include": lambda name: namespace.update(read_config_file(os.path.join(os.path.dirname(path), name)))}
+    exec(compile(open(path).read(), path, "exec"), namespace)
+    return {k: v for k, v in namespace.items()
+            if not (k.startswith("_") or k == "include" or callable(v) or type(v).__name__ == "module")}
+
+
 def load_config(argv):
     """Config from `[config.py] [--key=value ...]`: defaults <- config file <- command line."""
     types = {f.name: f.type for f in dataclasses.fields(Config)}
@@ -125,13 +136,7 @@ def load_config(argv):
                 raise RunError(f"config key {key!r}: use --{key}=VALUE")
             values[key] = parse_value(key, text, types[key])
         else:
-            if not os.path.isfile(arg):
-                raise RunError(f"config file {arg!r} does not exist")
-            namespace = {}
-            exec(compile(open(arg).read(), arg, "exec"), namespace)
-            for key, value in namespace.items():
-                if key.startswith("_") or callable(value) or type(value).__name__ == "module":
-                    continue
+            for key, value in read_config_file(arg).items():
                 if key not in types:
                     raise RunError(f"unknown config key {key!r} in {arg}")
                 values[key] = value

@@ -1,15 +1,5 @@
 # 1B with JREG (lambda = 1, alpha = 1; the paper's best at 1B)
-model = "1b"
-data_dir = "data/fineweb_edu_100BT"
+include("1b.py")             # the baseline's settings
 out_dir = "out/1b_jreg"
-batch_tokens = 524288          # 256 sequences x 2048 tokens
-seq_len = 2048
-micro_batch = 8               # per GPU; grad_accum = 256 / (micro_batch * n_gpus)
-max_steps = 200000             # ~105B tokens
-warmup_steps = 2000
-lr = 3e-4
-fsdp = True
 jreg_lambda = 1.0
 jreg_alpha = 1.0
-eval_interval = 2000
-ckpt_interval = 2000

@@ -1,15 +1,5 @@
 # 3.4B with JREG (lambda = 1, alpha = 1)
-model = "3.4b"
-data_dir = "data/fineweb_edu_100BT"
+include("3.4b.py")             # the baseline's settings
 out_dir = "out/3.4b_jreg"
-batch_tokens = 524288          # 256 sequences x 2048 tokens
-seq_len = 2048
-micro_batch = 4               # per GPU; grad_accum = 256 / (micro_batch * n_gpus)
-max_steps = 200000             # ~105B tokens
-warmup_steps = 2000
-lr = 1.5e-4
-fsdp = True
 jreg_lambda = 1.0
 jreg_alpha = 1.0
-eval_interval = 2000
-ckpt_interval = 2000

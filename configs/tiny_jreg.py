@@ -1,18 +1,5 @@
 # configs/tiny.py with JREG (lambda = 1, alpha = 1).
-# Data: python prepare_fineweb.py --input <text files> --out_dir data/tiny ... (see README, quick start)
-model = "tiny"                 # 8 layers, d_model 128, 4 heads / 2 KV heads, GPT-2 vocabulary
-data_dir = "data/kjv"
+include("tiny.py")             # the baseline's settings
 out_dir = "out/tiny_jreg"
-device = "cpu"
-compile = False                # compiling costs more than it saves at this size on a CPU
-batch_tokens = 2048            # 16 sequences x 128 tokens
-seq_len = 128
-micro_batch = 16
-max_steps = 50
-warmup_steps = 10
-lr = 3e-3
-eval_interval = 25
-eval_batches = 4
-ckpt_interval = 25
 jreg_lambda = 1.0
 jreg_alpha = 1.0
