@@ -37,9 +37,9 @@ Several models: {"config": {...}, "models": {name: {same keys as above}}, "diffe
 Layer profiles (--profile, on --shards DIR | --text FILES | --profile_task TASK; a run's own config data_dir by
 default): "psi" (Ψ_1..Ψ_L), "zeta" (ζ_2..ζ_L) on raw streams; "psi_normed", "zeta_normed" with h_L after the final
 norm; the same four with "_skip_first" (position 0 left out); token-weighted over all batches, ζ from the averaged
-Ψ; "n_tokens", "loss"; on the first --analysis_tokens tokens (0: off, −1: all) "logit_lens_loss" (h_0..h_L read
-through the final norm and the LM head) and "skip_block_loss_increase" (loss with block l's update removed, minus
-the loss). A Hugging Face LlamaForCausalLM is converted to our Llama for profiles (raw streams from our code);
+Ψ; "n_tokens", "loss"; on the first --analysis_tokens tokens (whole batches; 0: off, −1: all) "logit_lens_loss"
+(h_0..h_L read through the final norm and the LM head), "skip_block_loss_increase" (loss with block l's update
+removed, minus the loss) and "analysis_loss", "analysis_tokens". A Hugging Face LlamaForCausalLM is converted to our Llama for profiles (raw streams from our code);
 other architectures are profiled through forward hooks. --plot DIR writes psi_profiles.png, layer_analysis.png and,
 for a run with several checkpoints (--all_ckpts, or automatically when plotting one run), zeta_over_checkpoints.png.
 
@@ -696,6 +696,7 @@ def profile_model(model, token_batches, analysis_tokens=None, progress=False):
     out["loss"] = loss_sum / max(n_pred, 1)
     if an_pred:
         base = an_loss_sum / an_pred
+        out["analysis_loss"] = base                       # the loss on those tokens (= logit_lens_loss[-1])
         out["logit_lens_loss"] = [s / an_pred for s in lens_sum]
         out["skip_block_loss_increase"] = [s / an_pred - base for s in skip_sum]
         out["analysis_tokens"] = an_tokens
@@ -954,6 +955,10 @@ def profile_table(profiles):
                      f"ζ_(L-2) = {p['zeta'][max(0, L - 4)]:.2f} raw / {p['zeta_normed'][max(0, L - 4)]:.2f} normed")
         lines.append("")
         has_an = "logit_lens_loss" in p
+        if has_an:
+            lines.append(f"logit lens and skipped blocks on the first {p['analysis_tokens']} tokens "
+                         f"(loss there {p['analysis_loss']:.4f})")
+            lines.append("")
         lines.append("| layer | Ψ raw | Ψ normed | Ψ raw, skip first | logit-lens loss | skip-block Δloss |"
                      if has_an else "| layer | Ψ raw | Ψ normed | Ψ raw, skip first |")
         lines.append("|---|---|---|---|---|---|" if has_an else "|---|---|---|---|")
@@ -1003,6 +1008,7 @@ def plot_profiles(profiles, out_dir):
             axes[0].plot(range(p["n_layer"] + 1), p["logit_lens_loss"], marker="o", ms=3, label=name)
             axes[1].plot(range(1, p["n_layer"] + 1), p["skip_block_loss_increase"], marker="o", ms=3, label=name)
         axes[0].set(title="logit lens: loss of head(norm(h_l))", xlabel="layer l (0 = embedding)", ylabel="cross-entropy")
+        axes[0].set_yscale("log")
         axes[1].set(title="loss increase when block l is skipped", xlabel="block l", ylabel="Δ cross-entropy")
         axes[1].set_yscale("symlog", linthresh=1e-2)
         for ax in axes:

@@ -382,6 +382,7 @@ def test_profile_values_accumulation_and_masks():
         loss = F.cross_entropy(model(idx).logits[:, :-1].reshape(-1, TOK.n_vocab), idx[:, 1:].reshape(-1))
     assert whole["loss"] == pytest.approx(float(loss), abs=1e-5)
     assert whole["logit_lens_loss"][-1] == pytest.approx(whole["loss"], abs=1e-5)
+    assert whole["analysis_loss"] == pytest.approx(whole["loss"], abs=1e-6)
     # Ψ of block 1 by hand
     out = model(idx)
     cos = F.cosine_similarity(out.hidden_states[0], out.hidden_states[1], dim=-1).detach()
