@@ -10,7 +10,7 @@ block importance), for our checkpoints and for any Hugging Face causal LM.
     python evaluate.py out/base out/jreg --profile --shards data/fineweb --plot plots/   # Ψ profiles, one chart
     python evaluate.py out/base --profile --all_ckpts --plot plots/                      # ζ_L over training
 
-Tasks (EVAL.md §2; hub data at the harness's HEAD paths, or --data_dir): lambada_openai, boolq, arc_easy,
+Tasks (as lm-evaluation-harness builds them; hub data at its current paths, or --data_dir): lambada_openai, boolq, arc_easy,
 hellaswag, piqa, race, social_iqa, sciq, swag (the paper's nine, the default), arc_challenge, lambada_standard,
 wikitext. `--tasks` defaults to none when --profile is given.
 
@@ -85,7 +85,7 @@ class EvalError(Exception):
 
 
 # ==========================================================================================================
-# 1. Tasks: documents -> (context, choices, gold), exactly as lm-evaluation-harness builds them (EVAL.md §2)
+# 1. Tasks: documents -> (context, choices, gold), exactly as lm-evaluation-harness builds them
 
 def hellaswag_preprocess(text):
     text = text.strip()
@@ -382,7 +382,7 @@ def hf_max_length(config, tokenizer=None, default=2048):
 
 
 # ==========================================================================================================
-# 4. Scoring requests (EVAL.md §1.3)
+# 4. Scoring requests: lm-evaluation-harness's loglikelihood semantics
 
 def encode_pair(lm, context, continuation):
     """(context tokens, continuation tokens): whitespace moved, joint encoding split at the context's length."""
@@ -967,6 +967,13 @@ def profile_table(profiles):
             if has_an:
                 row += f" {p['logit_lens_loss'][l]:.3f} | {p['skip_block_loss_increase'][l - 1]:+.4f} |"
             lines.append(row)
+        lines.append("")
+    if len(profiles) > 1:                                     # the headline numbers side by side
+        lines += ["| model | loss | Ψ_L | Ψ_(L-1) | ζ_L | ζ_(L-2) | ζ_L normed |", "|---|---|---|---|---|---|---|"]
+        for name, p in profiles.items():
+            i = max(0, p["n_layer"] - 4)
+            lines.append(f"| {name} | {p['loss']:.4f} | {p['psi'][-1]:.4f} | {p['psi'][-2]:.4f} | {p['zeta'][-1]:.2f} | "
+                         f"{p['zeta'][i]:.2f} | {p['zeta_normed'][-1]:.2f} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -46,7 +46,7 @@ class LlamaConfig:
         assert self.head_dim % 2 == 0, "RoPE needs an even head dimension"
 
 
-# The paper's sizes (PAPER.md; heads and FFN widths are our choices) and small CPU sizes.
+# The paper's sizes (its layers and widths; heads, FFN widths and the 3.4B shape are our choices) and small CPU sizes.
 PRESETS = {
     "tiny": LlamaConfig(n_layer=8, n_head=4, n_kv_head=2, d_model=128, ffn_hidden=352, max_seq_len=256),
     "small": LlamaConfig(n_layer=8, n_head=4, n_kv_head=4, d_model=256, ffn_hidden=688, max_seq_len=512),

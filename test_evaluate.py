@@ -1,5 +1,5 @@
 """
-Tests of evaluate.py: prompts against the exact strings of EVAL.md, the harness's request semantics (whitespace
+Tests of evaluate.py: prompts against the exact strings lm-evaluation-harness builds, the harness's request semantics (whitespace
 move, joint tokenisation, left truncation, fp32 scoring, acc / acc_norm / ties), layer profiles, the command line,
 and an oracle comparison with lm-evaluation-harness itself. CPU only, offline.
 """
@@ -149,7 +149,7 @@ def data_dir(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# 1. prompts: the exact strings of EVAL.md §2
+# 1. prompts: the exact strings lm-evaluation-harness builds
 
 def test_hellaswag_preprocess_and_roof_shingle_example():
     wikihow = "Home and Garden: [header] How to make tea [title] Boil the water. [step] Pour it  over the   leaves."

@@ -372,7 +372,8 @@ def main(argv):
     mcfg = model_config(cfg)
     train_data = ShardStream(cfg.data_dir, "train", cfg.seq_len, cfg.seed, cfg.tokenizer, mcfg.vocab_size)
     val_data = val_batches(cfg.data_dir, cfg, mcfg.vocab_size, rank, world)
-    model = Llama(mcfg).to(device)
+    with torch.device(device):                          # built in place: no full CPU copy per rank
+        model = Llama(mcfg)
     if cfg.fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
