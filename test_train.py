@@ -100,7 +100,7 @@ def test_killed_run_resumes_exactly(data_dir, tmp_path, monkeypatch):
     assert [e["step"] for e in evals] == [0, 10, 20]
 
 
-def test_sigterm_saves_and_resumes(data_dir, tmp_path):
+def test_sigterm_saves_a_checkpoint_and_exits(data_dir, tmp_path):
     cmd = [sys.executable, os.path.join(HERE, "train.py"), *TINY, f"--data_dir={data_dir}",
            f"--out_dir={tmp_path}", "--max_steps=100000", "--ckpt_interval=100000", "--eval_interval=0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE)

@@ -305,7 +305,7 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index, fsdp):
 
 def load_checkpoint(path, model, optimizer, fsdp):
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)   # ranks share the page cache
     except Exception as e:
         raise RunError(f"cannot read checkpoint {path}: {e}") from e
     if ckpt.get("model_config") != dataclasses.asdict(model.config):
