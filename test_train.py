@@ -238,3 +238,18 @@ def test_compiled_training_matches_eager(data_dir, tmp_path):
     np.testing.assert_allclose([r["loss"] for r in compiled], [r["loss"] for r in eager], rtol=1e-4)
     ckpt = torch.load(tmp_path / "compiled" / "ckpt_0000003.pt", weights_only=False)
     assert not any("_orig_mod" in k for k in ckpt["model"])   # the checkpoint holds the plain model
+
+
+def test_evaluate_profiles_a_training_run_like_its_own_eval(data_dir, tmp_path):
+    """train.py's eval record and evaluate.py --profile on the same validation sequences give the same Ψ and loss."""
+    import evaluate
+    _, evals = run(data_dir, tmp_path / "run", "--max_steps=6", "--eval_interval=6", "--jreg_lambda=1.0")
+    out = tmp_path / "profile.json"
+    assert evaluate.main([str(tmp_path / "run"), "--profile", "--shards", data_dir, "--seq_len=64",
+                          "--profile_tokens=1024", "--analysis_tokens=0", "--device=cpu", "--out", str(out)]) == 0
+    profile = json.load(open(out))["profile"]
+    assert profile["n_tokens"] == 4 * 4 * 64                     # eval_batches x micro_batch x seq_len
+    np.testing.assert_allclose(profile["psi"], evals[-1]["psi"], atol=1e-6)
+    np.testing.assert_allclose(profile["zeta"], evals[-1]["zeta"], atol=1e-4)
+    # the profile scores T-1 next tokens per sequence, training's eval T (its windows hold one more token)
+    assert profile["loss"] == pytest.approx(evals[-1]["val_loss"], rel=2e-3)
