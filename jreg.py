@@ -60,3 +60,48 @@ def jreg_penalty(hidden_states, alpha, weighting="index", mask=None, skip_first=
     if psi is None:
         psi = displacement(hidden_states, mask=mask, skip_first=skip_first)
     return (layer_weights(len(psi), alpha, weighting).to(psi.device) * psi).sum()
+
+
+class Profile:
+    """Ψ averaged over every token of many batches (each batch weighted by its token count), for both h_L
+    conventions, with and without position 0, and the loss; ζ is computed from the averaged Ψ. train.py's periodic
+    eval and evaluate.py's layer profiles both use it, so their numbers agree by construction."""
+
+    KEYS = {"psi": (False, False), "psi_normed": (True, False), "psi_skip_first": (False, True),
+            "psi_normed_skip_first": (True, True)}           # key: (h_L after the final norm, skip position 0)
+
+    def __init__(self):
+        self.sums = None                                      # [Ψ sums for each key..., tokens, tokens_skip_first, loss, n_loss]
+
+    def add(self, hidden_states, final_hidden, mask=None, loss_sum=0.0, n_loss=0):
+        """One batch: hidden_states = [h_0..h_L] (raw), final_hidden = h_L after the final norm, mask [B, T] of real
+        tokens (None: all), loss_sum over n_loss predicted tokens."""
+        h = hidden_states[0]
+        mask = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device) if mask is None else mask.bool()
+        n = (mask.sum(), mask[:, 1:].sum())
+        parts = []
+        for normed, skip_first in self.KEYS.values():
+            hs = hidden_states[:-1] + [final_hidden] if normed else hidden_states
+            count = n[skip_first]
+            psi = displacement(hs, mask, skip_first) * count if count > 0 else h.new_zeros(len(hs) - 1, dtype=torch.float32)
+            parts.append(psi.double())
+        parts.append(torch.stack([n[0], n[1], torch.as_tensor(loss_sum, device=h.device), torch.as_tensor(n_loss, device=h.device)]).double())
+        batch = torch.cat(parts)
+        self.sums = batch if self.sums is None else self.sums + batch
+
+    def result(self, all_reduce=None):
+        """A dict of lists: psi (Ψ_1..Ψ_L), zeta (ζ_2..ζ_L; empty for one layer), the normed / skip-first variants,
+        n_tokens, n_tokens_skip_first, loss. all_reduce: e.g. torch.distributed.all_reduce, to sum over processes."""
+        sums = self.sums.clone()
+        if all_reduce is not None:
+            all_reduce(sums)
+        L = (len(sums) - 4) // len(self.KEYS)
+        n_tokens, n_skip, loss_sum, n_loss = sums[-4:].tolist()
+        out = {"n_layer": L, "n_tokens": int(n_tokens), "n_tokens_skip_first": int(n_skip),
+               "loss": loss_sum / n_loss if n_loss else None}
+        for i, (key, (normed, skip_first)) in enumerate(self.KEYS.items()):
+            count = n_skip if skip_first else n_tokens
+            if count:
+                psi = sums[i * L:(i + 1) * L] / count
+                out[key], out[key.replace("psi", "zeta")] = psi.tolist(), jump_rate(psi).tolist()
+        return out

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from jreg import displacement, jump_rate, jreg_penalty, layer_weights, streams
+from jreg import Profile, displacement, jump_rate, jreg_penalty, layer_weights, streams
 from model import PRESETS, Llama, LlamaConfig
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -67,6 +67,39 @@ def test_displacement_matches_reference_on_random_states(skip_first):
     ours = displacement(states, mask=mask, skip_first=skip_first)
     ref = numpy_displacement(states, mask=mask.numpy(), skip_first=skip_first)
     np.testing.assert_allclose(ours.numpy(), ref, atol=1e-6)
+
+
+def test_profile_weights_every_token_of_all_batches_equally():
+    """Profile over batches of different sizes and masks = the reference over all tokens pooled together."""
+    g = torch.Generator().manual_seed(2)
+    batches = [[torch.randn(b, t, 8, generator=g) for _ in range(4)] for b, t in ((2, 5), (1, 3), (3, 4))]
+    finals = [torch.randn(hs[0].shape, generator=g) for hs in batches]
+    masks = [torch.rand(hs[0].shape[:2], generator=g) > 0.3 for hs in batches]
+    for m in masks:
+        m[:, :2] = True                                          # right padding: real tokens first
+    profile = Profile()
+    for hs, fin, m in zip(batches, finals, masks):
+        profile.add(hs, fin, mask=m, loss_sum=float(m.sum()), n_loss=int(m.sum()))
+    out = profile.result()
+    for key, normed, skip in (("psi", False, False), ("psi_normed", True, False), ("psi_skip_first", False, True),
+                              ("psi_normed_skip_first", True, True)):
+        per_token = [numpy_displacement_tokens(hs[:-1] + [fin] if normed else hs, m.numpy(), skip)
+                     for hs, fin, m in zip(batches, finals, masks)]
+        ref = np.concatenate(per_token, axis=1).mean(axis=1)
+        np.testing.assert_allclose(out[key], ref, atol=1e-6)
+        np.testing.assert_allclose(out[key.replace("psi", "zeta")], numpy_jump_rate(ref), atol=1e-4)
+    assert out["n_tokens"] == sum(int(m.sum()) for m in masks) and out["loss"] == pytest.approx(1.0)
+    one_layer = Profile()
+    one_layer.add([torch.randn(1, 3, 4), torch.randn(1, 3, 4)], torch.randn(1, 3, 4))
+    assert len(one_layer.result()["psi"]) == 1 and one_layer.result()["zeta"] == []   # ζ of one layer: empty
+
+
+def numpy_displacement_tokens(states, mask, skip_first):
+    """Per-token displacements [L, n_tokens] of the tokens kept by mask / skip_first (float64 loops)."""
+    hs = [s.double().numpy() for s in states]
+    keep = [(b, t) for b in range(hs[0].shape[0]) for t in range(hs[0].shape[1]) if mask[b, t] and not (skip_first and t == 0)]
+    return np.array([[(1 - hs[l - 1][b, t] @ hs[l][b, t] / (np.linalg.norm(hs[l - 1][b, t]) * np.linalg.norm(hs[l][b, t]))) / 2
+                      for b, t in keep] for l in range(1, len(hs))])
 
 
 def test_displacement_is_fp32_for_bf16_input():
