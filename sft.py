@@ -1,11 +1,14 @@
 """Supervised fine-tuning data: the chat template, conversation loading, preparation into shards, packing.
 
+    python sft.py --out_dir data/sft                                     # Tulu v2 SFT mixture, streamed from the hub
+    python sft.py --input chats.jsonl more.parquet --out_dir data/mine --seq_len 1024 --val_conversations 100
+
 Chat template (the documentation of record; GPT-2 vocabulary, Tulu / open-instruct style). A conversation
 is rendered as plain text; each piece (role header, content, newline) is encoded separately with tiktoken
-``encode_ordinary`` and the pieces are concatenated, so token boundaries are exact and the role headers are ordinary text, never
-special tokens. EOT is the encoding's ``<|endoftext|>`` (``enc.eot_token``, 50256 for GPT-2):
+``encode_ordinary`` and the pieces are concatenated, so token boundaries are exact and the role headers are
+ordinary text, never special tokens. EOT is the encoding's ``<|endoftext|>`` (``enc.eot_token``):
 
-    segment                                  loss
+    piece                                    loss
     <|endoftext|>                            0     one EOT token: the start of every conversation
     "<|system|>\\n" + content + "\\n"          0     only if there is a system message (it comes first)
     "<|user|>\\n" + content + "\\n"            0
@@ -16,11 +19,49 @@ special tokens. EOT is the encoding's ``<|endoftext|>`` (``enc.eot_token``, 5025
 
 Contents are used verbatim. A generation prompt is the conversation so far followed by "<|assistant|>\\n"
 (``prompt_ids``); generation stops at EOT or when the text "<|user|>" appears.
+
+Conversations: a hub set by name (streamed) or local .json/.jsonl(.gz)/.parquet files or a save_to_disk folder,
+read by `datasets`, in any of three schemas detected per record: ``messages`` [{role, content}], ShareGPT
+``conversations`` [{from: human|gpt|system, value}], Alpaca ``instruction``/``input``/``output``. After an
+optional first system message the turns must alternate user/assistant: leading assistant turns (a question
+missing) and a trailing user turn (no answer) are trimmed, anything else irregular is dropped as malformed.
+
+Prepared folder: ``sft_val_000000.bin`` (the first --val_conversations kept conversations) and
+``sft_train_000001.bin``, ... (--shard_conversations kept conversations each), token shards written by
+prepare_fineweb.write_shard; beside each, ``<name>.mask``, a shard in the same format (tokenizer "loss-mask",
+vocabulary 2) holding the loss mask, 1 where the token is a training target. A conversation is never split
+across shards and starts at its leading EOT, the only EOT with mask 0: that is how readers find
+conversation boundaries. A conversation longer than --seq_len + 1 tokens is cut to that length and kept if a
+loss token remains. ``manifest.json`` (kind "sft") records the arguments, every shard, the counts and
+``complete``; it is rewritten after each shard, so rerunning a killed command resumes after the last
+complete shard (skipping the input records it consumed) and gives byte-identical files.
+
+Training reads the folder with ``PackedStream``: conversations packed best-fit into windows of seq_len + 1
+tokens, each window starting at a conversation start, padded with EOT; targets are -1 except on loss tokens.
 """
-from __future__ import annotations
+import argparse
+import glob
+import itertools
+import json
+import os
+import sys
+import time
 
+import numpy as np
+import torch
+
+from prepare_fineweb import get_tokenizer, read_shard, write_atomic, write_shard
+
+DEFAULT_DATASET = "allenai/tulu-v2-sft-mixture"
+MANIFEST = "manifest.json"
+MASK_TOKENIZER = "loss-mask"
 HEADERS = {"system": "<|system|>\n", "user": "<|user|>\n", "assistant": "<|assistant|>\n"}
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
+                  "bing": "assistant", "bard": "assistant", "system": "system"}
 
+
+# ----------------------------------------------------------------------------------------------------------
+# The chat template
 
 def render(messages, enc):
     """Token ids and loss mask (1 = assistant content and its closing EOT, else 0) of a conversation.
@@ -36,14 +77,13 @@ def render(messages, enc):
         role, content = m["role"], m["content"]
         if role not in HEADERS:
             raise ValueError(f"unknown role {role!r} (expected system, user or assistant)")
+        add(enc.encode_ordinary(HEADERS[role]), 0)
         if role == "assistant":
-            add(enc.encode_ordinary(HEADERS[role]), 0)
-            add(enc.encode_ordinary(content), 1)
-            add([enc.eot_token], 1)
+            add(enc.encode_ordinary(content) + [enc.eot_token], 1)
             if i + 1 < len(messages):
                 add(enc.encode_ordinary("\n"), 0)
         else:
-            add(enc.encode_ordinary(HEADERS[role]) + enc.encode_ordinary(content) + enc.encode_ordinary("\n"), 0)
+            add(enc.encode_ordinary(content) + enc.encode_ordinary("\n"), 0)
     return ids, mask
 
 
@@ -52,3 +92,339 @@ def prompt_ids(messages, enc):
     if messages and messages[-1]["role"] == "assistant":
         raise ValueError("a generation prompt ends with a user (or system) message, not an assistant one")
     return render(messages, enc)[0] + enc.encode_ordinary(HEADERS["assistant"])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Conversations: records in three schemas -> [{role, content}]
+
+def to_messages(record, where):
+    """The record's turns as [{role, content}] (not yet checked); SystemExit when no known schema fits."""
+    if record.get("messages") is not None:
+        return [{"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else {}
+                for m in record["messages"]]
+    if record.get("conversations") is not None:
+        return [{"role": SHAREGPT_ROLES.get(t.get("from"), t.get("from")), "content": t.get("value")}
+                if isinstance(t, dict) else {} for t in record["conversations"]]
+    if record.get("instruction") is not None and record.get("output") is not None:
+        instruction, extra = record["instruction"], record.get("input")
+        if isinstance(instruction, str) and isinstance(extra, str) and extra:
+            instruction += "\n\n" + extra
+        return [{"role": "user", "content": instruction}, {"role": "assistant", "content": record["output"]}]
+    keys = sorted(k for k, v in record.items() if v is not None)
+    raise SystemExit(f"error: {where}: unknown conversation schema (keys {keys}); expected 'messages', "
+                     "'conversations' (ShareGPT) or 'instruction'/'input'/'output' (Alpaca)")
+
+
+def clean(messages):
+    """(messages, trimmed) with leading assistant turns and a trailing user turn removed, or (None, False) when
+    the roles do not alternate user/assistant after an optional first system message."""
+    if not all(m.get("role") in HEADERS and isinstance(m.get("content"), str) for m in messages):
+        return None, False
+    system = messages[:1] if messages and messages[0]["role"] == "system" else []
+    turns = messages[len(system):]
+    lead = next((i for i, m in enumerate(turns) if m["role"] != "assistant"), len(turns))
+    turns = turns[lead:]
+    tail = len(turns) % 2 == 1 and turns[-1]["role"] == "user"
+    turns = turns[:len(turns) - tail]
+    if [m["role"] for m in turns] != ["user", "assistant"] * (len(turns) // 2):
+        return None, False
+    return system + turns, bool(lead or tail)
+
+
+def input_files(inputs):
+    """The paths behind --input (globs expanded), each checked to exist."""
+    paths = []
+    for pattern in inputs:
+        for path in (sorted(glob.glob(pattern)) or [pattern]) if glob.has_magic(pattern) else [pattern]:
+            if not os.path.exists(path):
+                raise SystemExit(f"error: input not found: {path}")
+            if not os.path.isdir(path) and not path.endswith((".json", ".jsonl", ".json.gz", ".jsonl.gz", ".parquet")):
+                raise SystemExit(f"error: {path}: expected .json, .jsonl (optionally .gz), .parquet or a "
+                                 "save_to_disk folder")
+            paths.append(path)
+    return paths
+
+
+def sources(inputs=None, name=DEFAULT_DATASET, split="train"):
+    """[(description, dataset)] for local files and save_to_disk folders (in order) or a hub dataset (streamed)."""
+    import datasets
+    datasets.disable_progress_bars()
+    if not inputs:
+        return [(name, datasets.load_dataset(name, split=split, streaming=True))]
+    out = []
+    for path in inputs:
+        if os.path.isdir(path):
+            ds = datasets.load_from_disk(path)
+            if isinstance(ds, datasets.DatasetDict):
+                if split not in ds:
+                    raise SystemExit(f"error: {path}: no split {split!r} (has {', '.join(ds)})")
+                ds = ds[split]
+        else:
+            ds = datasets.load_dataset("parquet" if path.endswith(".parquet") else "json", data_files=[path],
+                                       split="train", streaming=True)
+        out.append((path, ds))
+    return out
+
+
+def records(sources):
+    """(where, record) for each record of [(description, dataset)], in order."""
+    for desc, ds in sources:
+        it = iter(ds)
+        for i in itertools.count():
+            try:
+                record = next(it, None)
+            except Exception as e:  # a malformed or truncated file
+                raise SystemExit(f"error: {desc}: {' '.join(f'{type(e).__name__}: {e}'.split())[:300]}") from None
+            if record is None:
+                break
+            yield f"{desc} record {i}", record
+
+
+def conversations(source, enc, seq_len, counts):
+    """Yield (ids, mask) arrays of each kept conversation; update counts (records, kept, trimmed, truncated,
+    malformed, no_loss, tokens, loss_tokens) as records are consumed."""
+    for where, record in source:
+        counts["records"] += 1
+        messages, trimmed = clean(to_messages(record, where))
+        if messages is None:
+            counts["malformed"] += 1
+            continue
+        ids, mask = render(messages, enc)
+        if len(ids) > seq_len + 1:
+            counts["truncated"] += 1
+            ids, mask = ids[:seq_len + 1], mask[:seq_len + 1]
+        n_loss = sum(mask)
+        if n_loss == 0:
+            counts["no_loss"] += 1
+            continue
+        counts["kept"] += 1
+        counts["trimmed"] += trimmed
+        counts["tokens"] += len(ids)
+        counts["loss_tokens"] += n_loss
+        yield np.array(ids, dtype=np.int32), np.array(mask, dtype=np.uint8)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Preparation: token shards + mask shards + manifest.json, resumable
+
+def shard_name(split, index):
+    return f"sft_{split}_{index:06d}.bin"
+
+
+def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokenizer="gpt2", seq_len=2048,
+            val_conversations=200, shard_conversations=50_000, overwrite=False, log=print):
+    """Render, truncate and shard the conversations into out_dir (see the module docstring); returns the manifest."""
+    for option, value, low in (("--seq_len", seq_len, 1), ("--val_conversations", val_conversations, 0),
+                               ("--shard_conversations", shard_conversations, 1)):
+        if not isinstance(value, int) or value < low:
+            raise SystemExit(f"error: {option} must be an integer >= {low}, got {value!r}")
+    files = input_files(inputs) if inputs else None
+    enc = get_tokenizer(tokenizer)
+    described = [[os.path.abspath(p), os.path.getsize(p) if os.path.isfile(p) else None] for p in files] if files \
+        else name
+    config = {"kind": "sft", "source": described, "split": split, "tokenizer": enc.name, "vocab_size": enc.n_vocab,
+              "eot_token": enc.eot_token, "seq_len": seq_len, "val_conversations": val_conversations,
+              "shard_conversations": shard_conversations}
+    os.makedirs(out_dir, exist_ok=True)
+    manifest_path = os.path.join(out_dir, MANIFEST)
+    ours = lambda: [f for f in os.listdir(out_dir) if f.startswith("sft_")]  # noqa: E731
+    if overwrite:
+        for f in ours() + ([MANIFEST] if os.path.exists(manifest_path) else []):
+            os.remove(os.path.join(out_dir, f))
+    if os.path.exists(manifest_path):
+        with open(manifest_path) as f:
+            manifest = json.load(f)
+        old = manifest.get("config", {})
+        diffs = [f"{k}: {old.get(k)!r} before, {config.get(k)!r} now" for k in sorted(set(old) | set(config))
+                 if old.get(k) != config.get(k)]
+        if diffs:
+            raise SystemExit(f"error: {out_dir} was prepared with other arguments ({'; '.join(diffs)}); "
+                             "use another --out_dir or --overwrite")
+        if manifest["complete"]:
+            return manifest
+    elif ours():
+        raise SystemExit(f"error: {out_dir} holds sft_* files but no {MANIFEST}; use another --out_dir or --overwrite")
+    else:
+        manifest = {"kind": "sft", "config": config, "shards": [], "complete": False, "elapsed_s": 0.0,
+                    "counts": dict.fromkeys(("records", "kept", "trimmed", "truncated", "malformed", "no_loss",
+                                             "tokens", "loss_tokens"), 0)}
+    listed = {f for s in manifest["shards"] for f in (s["file"], s["mask"])}
+    for f in ours():                                  # a shard written after the last manifest update, or a .tmp
+        if f not in listed:
+            os.remove(os.path.join(out_dir, f))
+    manifest["argv"] = sys.argv
+    counts, t0, elapsed = manifest["counts"], time.time(), manifest["elapsed_s"]
+    if counts["records"]:
+        log(f"resuming after {len(manifest['shards'])} shards ({counts['records']:,} records)")
+    stream = conversations(itertools.islice(records(sources(files, name, split)), counts["records"], None), enc,
+                           seq_len, counts)
+
+    def write(split_name, index, convs):
+        ids, mask = np.concatenate([c[0] for c in convs]), np.concatenate([c[1] for c in convs])
+        entry = {"file": shard_name(split_name, index), "mask": shard_name(split_name, index) + ".mask",
+                 "split": split_name, "conversations": len(convs), "num_tokens": len(ids),
+                 "loss_tokens": int(mask.sum())}
+        write_shard(os.path.join(out_dir, entry["file"]), ids, tokenizer=enc.name, vocab_size=enc.n_vocab,
+                    eot_token=enc.eot_token)
+        write_shard(os.path.join(out_dir, entry["mask"]), mask, tokenizer=MASK_TOKENIZER, vocab_size=2, eot_token=0)
+        manifest["shards"].append(entry)
+        manifest["elapsed_s"] = round(elapsed + time.time() - t0, 3)
+        write_atomic(manifest_path, json.dumps(manifest, indent=1) + "\n")
+        log(f"{entry['file']}: {len(convs):,} conversations, {len(ids):,} tokens ({counts['records']:,} records read)")
+
+    index = len(manifest["shards"]) + (val_conversations == 0)
+    while True:
+        size = val_conversations if index == 0 else shard_conversations
+        convs = list(itertools.islice(stream, size))
+        if not convs:
+            break
+        write("val" if index == 0 else "train", index, convs)
+        index += 1
+    if counts["kept"] == 0:
+        raise SystemExit(f"error: no usable conversation in the input ({counts['records']:,} records, "
+                         f"{counts['malformed']:,} malformed, {counts['no_loss']:,} without an assistant token)")
+    manifest["splits"] = {s: {k: sum(e[k] for e in manifest["shards"] if e["split"] == s)
+                              for k in ("conversations", "num_tokens", "loss_tokens")} for s in ("val", "train")}
+    manifest["complete"] = True
+    manifest["elapsed_s"] = round(elapsed + time.time() - t0, 3)
+    write_atomic(manifest_path, json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Packing for training
+
+def read_manifest(data_dir):
+    path = os.path.join(data_dir, MANIFEST)
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: {data_dir}: no {MANIFEST}; prepare the conversations with sft.py")
+    with open(path) as f:
+        manifest = json.load(f)
+    if manifest.get("kind") != "sft" or not manifest.get("complete"):
+        raise SystemExit(f"error: {path}: not a complete sft.py preparation (kind {manifest.get('kind')!r}, "
+                         f"complete {manifest.get('complete')}); rerun its sft.py command")
+    return manifest
+
+
+def best_fit(lengths, order, capacity):
+    """Windows (lists of conversation indices) filled best-fit, conversations taken in `order`: each goes into
+    the open window with the least free room that holds it, else opens a new window."""
+    windows, by_room, nonempty = [], [[] for _ in range(capacity + 1)], 0  # bit r of nonempty: by_room[r] has windows
+    for c in order:
+        n = int(lengths[c])
+        fits = nonempty >> n
+        if fits:
+            room = n + (fits & -fits).bit_length() - 1
+            w = by_room[room].pop()
+            if not by_room[room]:
+                nonempty &= ~(1 << room)
+        else:
+            w, room = len(windows), capacity
+            windows.append([])
+        windows[w].append(c)
+        if room > n:
+            by_room[room - n].append(w)
+            nonempty |= 1 << (room - n)
+    return windows
+
+
+class PackedStream:
+    """Window k of an endless stream of packed conversations (the interface of train.ShardStream).
+
+    The conversations of `split` are packed once, best-fit into windows of seq_len + 1 tokens, in an order drawn
+    from seed (in stored order for val); epoch e = k // per_epoch visits the windows in an order drawn from
+    (seed, e) (stored order for val). So every window starts at a conversation start, no conversation is split,
+    each appears once per epoch, and batch(first, count) is a pure function of the indices: the loader's state is
+    one integer and the global batch does not depend on the number of processes."""
+
+    def __init__(self, data_dir, split, seq_len, seed, tokenizer, vocab_size):
+        manifest = read_manifest(data_dir)
+        entries = [e for e in manifest["shards"] if e["split"] == split]
+        if not entries:
+            raise SystemExit(f"error: {data_dir}: no {split} shards")
+        self.seq_len, self.seed, self.shuffle = seq_len, seed, split == "train"
+        self.tokens, self.masks, where, starts, lengths = [], [], [], [], []
+        for i, e in enumerate(entries):
+            tokens, header = read_shard(os.path.join(data_dir, e["file"]), tokenizer=tokenizer)
+            mask, _ = read_shard(os.path.join(data_dir, e["mask"]), vocab_size=2)
+            if header["vocab_size"] > vocab_size:
+                raise SystemExit(f"error: {e['file']}: vocabulary of {header['vocab_size']} tokens does not fit the "
+                                 f"model's vocab_size {vocab_size}")
+            first = np.flatnonzero((tokens == header["eot_token"]) & (mask == 0))
+            if len(mask) != len(tokens) or len(first) != e["conversations"] or (len(first) and first[0] != 0):
+                raise SystemExit(f"error: {data_dir}: {e['file']} and its mask do not match {MANIFEST}")
+            self.tokens.append(tokens)
+            self.masks.append(mask)
+            self.eot = header["eot_token"]
+            where.append(np.full(len(first), i))
+            starts.append(first)
+            lengths.append(np.diff(first, append=len(tokens)))
+        self.where, self.starts, self.lengths = (np.concatenate(a) for a in (where, starts, lengths))
+        if self.lengths.max() > seq_len + 1:
+            raise SystemExit(f"error: {data_dir} holds conversations of up to {self.lengths.max()} tokens (prepared "
+                             f"with --seq_len {manifest['config']['seq_len']}): more than seq_len + 1 = {seq_len + 1}")
+        n = len(self.lengths)
+        order = np.random.default_rng([seed, 2]).permutation(n) if self.shuffle else np.arange(n)
+        self.windows = best_fit(self.lengths, order, seq_len + 1)
+        self.per_epoch = len(self.windows)
+        self._epoch, self._order = None, None
+
+    def window(self, k):
+        """(tokens, mask) of window k, seq_len + 1 each: its conversations, then EOT padding with mask 0."""
+        epoch, i = divmod(k, self.per_epoch)
+        if self.shuffle and self._epoch != epoch:
+            self._epoch, self._order = epoch, np.random.default_rng([self.seed, 1, epoch]).permutation(self.per_epoch)
+        convs = self.windows[int(self._order[i]) if self.shuffle else i]
+        tokens = np.full(self.seq_len + 1, self.eot, dtype=np.int64)
+        mask = np.zeros(self.seq_len + 1, dtype=bool)
+        pos = 0
+        for c in convs:
+            s, start, n = self.where[c], self.starts[c], self.lengths[c]
+            tokens[pos:pos + n] = self.tokens[s][start:start + n]
+            mask[pos:pos + n] = self.masks[s][start:start + n]
+            pos += n
+        return tokens, mask
+
+    def batch(self, first, count):
+        """x, y: int64 [count, seq_len]; y = -1 (ignored) where the target is not a loss token or is padding."""
+        tokens, mask = (np.stack(a) for a in zip(*(self.window(k) for k in range(first, first + count))))
+        y = np.where(mask[:, 1:], tokens[:, 1:], -1)
+        return torch.from_numpy(tokens[:, :-1].copy()), torch.from_numpy(y)
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--input", nargs="+", metavar="PATH", help="local .json/.jsonl(.gz)/.parquet files (globs) or "
+                     "save_to_disk folders")
+    src.add_argument("--name", default=DEFAULT_DATASET, help="hub dataset, streamed (default %(default)s)")
+    p.add_argument("--split", default="train", help="hub / DatasetDict split (default %(default)s)")
+    p.add_argument("--out_dir", required=True)
+    p.add_argument("--seq_len", type=int, default=2048, help="training window; longer conversations are cut to "
+                   "seq_len + 1 tokens (default %(default)s)")
+    p.add_argument("--tokenizer", default="gpt2", help="prepare_fineweb.get_tokenizer name (default %(default)s)")
+    p.add_argument("--val_conversations", type=int, default=200, help="the first N kept conversations form the "
+                   "val split (default %(default)s)")
+    p.add_argument("--shard_conversations", type=int, default=50_000, help="conversations per train shard "
+                   "(default %(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="delete a previous preparation in --out_dir first")
+    args = p.parse_args(argv)
+    m = prepare(args.out_dir, inputs=args.input, name=args.name, split=args.split, tokenizer=args.tokenizer,
+                seq_len=args.seq_len, val_conversations=args.val_conversations,
+                shard_conversations=args.shard_conversations, overwrite=args.overwrite,
+                log=lambda s: print(s, file=sys.stderr))
+    c, sp = m["counts"], m["splits"]
+    print(f"{args.out_dir}: {c['records']:,} records -> {c['kept']:,} conversations (val "
+          f"{sp['val']['conversations']:,}, train {sp['train']['conversations']:,}); {c['tokens']:,} tokens, "
+          f"{c['loss_tokens']:,} loss tokens; {c['truncated']:,} over {args.seq_len + 1} tokens cut, "
+          f"{c['trimmed']:,} trimmed, dropped: {c['malformed']:,} malformed, {c['no_loss']:,} without a loss token; "
+          f"{m['elapsed_s']:.1f}s")
+    if sp["train"]["conversations"] == 0:
+        print("warning: no train conversations: all are in the val split (lower --val_conversations)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

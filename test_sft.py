@@ -1,7 +1,18 @@
 """Tests of sft.py: chat template, conversation loading, preparation, packing (tiny, CPU, no network)."""
+import gzip
+import json
+import os
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
 import tiktoken
+import torch
 
 import sft
+from prepare_fineweb import get_tokenizer, list_shards, read_shard
 
 
 def byte_enc():
@@ -21,7 +32,8 @@ def test_render_matches_hand_written_tokens():
     ids, mask = sft.render(CONV, byte_enc())
     expected = [(E, 0), *[(t, 0) for t in b("<|system|>\nBe brief.\n")], *[(t, 0) for t in b("<|user|>\nHi\n")],
                 *[(t, 0) for t in b("<|assistant|>\n")], *[(t, 1) for t in b("Hello")], (E, 1), (10, 0),
-                *[(t, 0) for t in b("<|user|>\n2+2?\n")], *[(t, 0) for t in b("<|assistant|>\n")], (ord("4"), 1), (E, 1)]
+                *[(t, 0) for t in b("<|user|>\n2+2?\n")], *[(t, 0) for t in b("<|assistant|>\n")], (ord("4"), 1),
+                (E, 1)]
     assert list(zip(ids, mask)) == expected
 
 
@@ -30,3 +42,193 @@ def test_prompt_ids_ends_with_assistant_header():
     p = sft.prompt_ids(CONV[:4], enc)
     assert p[-len("<|assistant|>\n"):] == list(b"<|assistant|>\n")
     assert p == sft.render(CONV, enc)[0][:len(p)]
+
+
+# ------------------------------------------------------------------------------------------------ loading
+
+def write_jsonl(path, recs):
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in recs)
+    return str(path)
+
+
+def load(path):
+    return [sft.clean(sft.to_messages(r, w))[0] for w, r in sft.records(sft.sources([str(path)]))]
+
+
+def test_three_schemas_give_the_same_messages(tmp_path):
+    want = [[{"role": "user", "content": "Add\n\n2+2"}, {"role": "assistant", "content": "4"}],
+            [{"role": "user", "content": "Name a colour"}, {"role": "assistant", "content": "Red"}]]
+    write_jsonl(tmp_path / "m.jsonl", [{"messages": m, "id": i} for i, m in enumerate(want)])
+    sharegpt = [{"id": "a", "conversations": [{"from": {"user": "human", "assistant": "gpt"}[t["role"]],
+                                               "value": t["content"]} for t in m]} for m in want]
+    json.dump(sharegpt, open(tmp_path / "s.json", "w"))
+    alpaca = [{"instruction": "Add", "input": "2+2", "output": "4"},
+              {"instruction": "Name a colour", "input": "", "output": "Red"}]
+    pq.write_table(pa.Table.from_pylist(alpaca), tmp_path / "a.parquet")
+    with gzip.open(tmp_path / "a.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in alpaca)
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(alpaca)}).save_to_disk(str(tmp_path / "saved"))
+    for name in ("m.jsonl", "s.json", "a.parquet", "a.jsonl.gz", "saved"):
+        assert load(tmp_path / name) == want, name
+
+
+def test_system_prompts_kept_and_irregular_turns():
+    sys_ = {"role": "system", "content": "S"}
+    u, a = {"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}
+    sharegpt = {"conversations": [{"from": "system", "value": "S"}, {"from": "human", "value": "U"},
+                                  {"from": "gpt", "value": "A"}]}
+    assert sft.clean(sft.to_messages(sharegpt, "x")) == ([sys_, u, a], False)
+    assert sft.clean([sys_, a, u, a, u]) == ([sys_, u, a], True)        # leading answer and trailing question trimmed
+    assert sft.clean([u, u, a]) == (None, False)                       # not alternating
+    assert sft.clean([u, a, sys_]) == (None, False)                    # system not first
+    assert sft.clean([u, {"role": "bot", "content": "A"}]) == (None, False)
+    assert sft.clean([u, {"role": "assistant", "content": None}]) == (None, False)
+
+
+def test_bad_input_errors(tmp_path):
+    with pytest.raises(SystemExit, match="error: input not found: .*nope.jsonl"):
+        sft.prepare(str(tmp_path / "out"), inputs=[str(tmp_path / "nope.jsonl")], tokenizer="bytes")
+    path = write_jsonl(tmp_path / "x.jsonl", [{"prompt": "a", "completion": "b"}])
+    with pytest.raises(SystemExit, match=r"error: .*x.jsonl record 0: unknown conversation schema "
+                                         r"\(keys \['completion', 'prompt'\]"):
+        sft.prepare(str(tmp_path / "out"), inputs=[path], tokenizer="bytes")
+    for kw, opt in (({"seq_len": 0}, "--seq_len"), ({"val_conversations": -1}, "--val_conversations"),
+                    ({"shard_conversations": 0}, "--shard_conversations")):
+        with pytest.raises(SystemExit, match=f"error: {opt} must be an integer >= "):
+            sft.prepare(str(tmp_path / "out2"), inputs=[path], tokenizer="bytes", **kw)
+    assert not (tmp_path / "out2").exists()
+
+
+# ------------------------------------------------------------------------------------------------ preparation
+
+def conversations(n, seed=0):
+    """n random conversations (1-3 turns, some with a system prompt) of varied lengths."""
+    rng = np.random.default_rng(seed)
+    words = lambda: " ".join(f"w{int(x)}" for x in rng.integers(0, 99, rng.integers(1, 8)))  # noqa: E731
+    out = []
+    for _ in range(n):
+        m = [{"role": "system", "content": words()}] if rng.random() < 0.3 else []
+        for _ in range(rng.integers(1, 4)):
+            m += [{"role": "user", "content": words()}, {"role": "assistant", "content": words()}]
+        out.append(m)
+    return out
+
+
+def prep(tmp_path, convs, out="out", **kw):
+    path = write_jsonl(tmp_path / "in.jsonl", [{"messages": m} for m in convs])
+    kw = {"tokenizer": "bytes", "seq_len": 256, "val_conversations": 3, "shard_conversations": 4, **kw}
+    return str(tmp_path / out), sft.prepare(str(tmp_path / out), inputs=[path], log=lambda s: None, **kw)
+
+
+def shard_bytes(out_dir):
+    return {f: open(os.path.join(out_dir, f), "rb").read() for f in sorted(os.listdir(out_dir)) if f.startswith("sft_")}
+
+
+def test_prepare_counts_truncation_and_drops(tmp_path):
+    enc = get_tokenizer("bytes")
+    u = lambda s: {"role": "user", "content": s}        # noqa: E731
+    a = lambda s: {"role": "assistant", "content": s}   # noqa: E731
+    convs = [[u("hi"), a("yo")],
+             [u("x" * 10), a("y" * 100)],                # 35 prompt + 101 tokens: cut to 51, 16 loss tokens
+             [u("x" * 60), a("y")],                      # truncated before the answer: no loss token, dropped
+             [u("only a question")],                     # trailing question trimmed: nothing to learn, dropped
+             [u("a"), u("b"), a("c")],                   # malformed
+             [a("lost context"), u("q"), a("r")]]        # leading answer trimmed, kept
+    out, m = prep(tmp_path, convs, seq_len=50, val_conversations=1, shard_conversations=10)
+    assert m["complete"] and m["counts"] == {"records": 6, "kept": 3, "trimmed": 1, "truncated": 2, "malformed": 1,
+                                             "no_loss": 2, "tokens": m["counts"]["tokens"], "loss_tokens": 3 + 16 + 2}
+    kept = [sft.render(convs[0], enc), [t[:51] for t in sft.render(convs[1], enc)], sft.render(convs[5][1:], enc)]
+    assert m["counts"]["tokens"] == sum(len(ids) for ids, _ in kept)
+    assert [(e["file"], e["split"], e["conversations"]) for e in m["shards"]] == [
+        ("sft_val_000000.bin", "val", 1), ("sft_train_000001.bin", "train", 2)]
+    tokens, header = read_shard(os.path.join(out, "sft_train_000001.bin"), tokenizer="bytes")
+    mask, mheader = read_shard(os.path.join(out, "sft_train_000001.bin.mask"))
+    assert tokens.tolist() == kept[1][0] + kept[2][0] and mask.tolist() == kept[1][1] + kept[2][1]
+    assert (header["eot_token"], mheader["tokenizer"], mheader["vocab_size"]) == (256, "loss-mask", 2)
+    assert m["splits"]["train"] == {"conversations": 2, "num_tokens": len(tokens), "loss_tokens": int(mask.sum())}
+    assert list_shards(out, "train") == [os.path.join(out, "sft_train_000001.bin")]   # the token shards, as for text
+
+
+def test_prepare_resumes_byte_identical_and_refuses_other_arguments(tmp_path, monkeypatch):
+    convs = conversations(21)
+    ref, m_ref = prep(tmp_path, convs, out="ref")
+    calls, real = [0], sft.write_shard
+
+    def dying(*a, **kw):                                 # killed after the token file of the third shard
+        calls[0] += 1
+        if calls[0] == 6:
+            raise KeyboardInterrupt
+        real(*a, **kw)
+    monkeypatch.setattr(sft, "write_shard", dying)
+    with pytest.raises(KeyboardInterrupt):
+        prep(tmp_path, convs)
+    m = json.load(open(tmp_path / "out" / "manifest.json"))
+    assert not m["complete"] and len(m["shards"]) == 2
+    monkeypatch.setattr(sft, "write_shard", real)
+    out, m = prep(tmp_path, convs)
+    assert shard_bytes(out) == shard_bytes(ref) and len(shard_bytes(ref)) == 2 * 6
+    assert (m["shards"], m["counts"], m["splits"]) == (m_ref["shards"], m_ref["counts"], m_ref["splits"])
+    with pytest.raises(SystemExit, match=r"error: .*other arguments \(seq_len: 256 before, 128 now\)"):
+        prep(tmp_path, convs, seq_len=128)
+    out, m = prep(tmp_path, convs, seq_len=128, overwrite=True)
+    assert m["config"]["seq_len"] == 128 and m["complete"]
+
+
+def test_main_prints_the_counts(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "in.jsonl", [{"messages": m} for m in conversations(5)])
+    sft.main(["--input", path, "--out_dir", str(tmp_path / "o"), "--tokenizer", "bytes", "--val_conversations", "2"])
+    assert "5 records -> 5 conversations (val 2, train 3)" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------ packing
+
+def segments(tokens, mask, eot):
+    """Split a window at its conversation starts (EOT with mask 0); drop the trailing EOT padding."""
+    pad = len(tokens)
+    while pad > 0 and tokens[pad - 1] == eot and mask[pad - 1] == 0:
+        pad -= 1
+    starts = [i for i in range(pad) if tokens[i] == eot and mask[i] == 0] + [pad]
+    assert starts[0] == 0                                # every window starts at a conversation start
+    return [(tuple(tokens[s:e]), tuple(mask[s:e])) for s, e in zip(starts, starts[1:])]
+
+
+def test_packed_stream(tmp_path):
+    enc = get_tokenizer("bytes")
+    convs = conversations(40, seed=1)
+    out, m = prep(tmp_path, convs, seq_len=200)
+    rendered = [tuple(tuple(t[:201]) for t in sft.render(c, enc)) for c in convs]    # as prepared: cut to 201
+    assert m["counts"]["truncated"] > 0
+    val, train = rendered[:3], rendered[3:]
+    s = sft.PackedStream(out, "train", 200, 7, "bytes", 300)
+    n = s.per_epoch
+    assert n < len(train)                                # packing does pack
+    x, y = s.batch(0, 2 * n + 3)                         # two epochs and a bit
+    assert x.shape == y.shape == (2 * n + 3, 200) and x.dtype == y.dtype == torch.int64
+    for epoch in range(2):
+        got = []
+        for k in range(epoch * n, (epoch + 1) * n):
+            tokens, mask = s.window(k)
+            assert (x[k] == torch.from_numpy(tokens[:-1])).all()
+            assert (y[k] == torch.from_numpy(np.where(mask[1:], tokens[1:], -1))).all()
+            got += segments(tokens.tolist(), mask.astype(int).tolist(), 256)
+        assert sorted(got) == sorted(train)              # each conversation exactly once, never split
+    assert int((y[:n] != -1).sum()) == sum(sum(mk) for _, mk in train)
+    parts = [s.batch(0, 5), s.batch(5, 1), s.batch(6, 2 * n - 3)]
+    assert all((torch.cat([p[i] for p in parts]) == t).all() for i, t in enumerate((x, y)))
+    s2 = sft.PackedStream(out, "train", 200, 7, "bytes", 300)
+    assert all((a == b).all() for a, b in zip(s2.batch(n - 2, 4), s.batch(n - 2, 4)))
+    assert not (sft.PackedStream(out, "train", 200, 8, "bytes", 300).batch(0, n)[0] == x[:n]).all()
+    v = sft.PackedStream(out, "val", 200, 7, "bytes", 300)
+    assert sum((segments(*[a.tolist() for a in v.window(k)], 256) for k in range(v.per_epoch)), []) == \
+        [(t, tuple(int(b) for b in mk)) for t, mk in val]
+    with pytest.raises(SystemExit, match="error: .*more than seq_len"):
+        sft.PackedStream(out, "train", 20, 7, "bytes", 300)
+    with pytest.raises(SystemExit, match="vocab_size"):
+        sft.PackedStream(out, "train", 200, 7, "bytes", 100)
+
+
+def test_best_fit():
+    # the 2 goes where it fills the window exactly (first-fit would put it with the 3), the 1 fills the 5's window
+    assert sft.best_fit([5, 3, 4, 2, 1, 5], range(6), 6) == [[0, 4], [1], [2, 3], [5]]
+    assert sft.best_fit([2, 2, 2], [2, 0, 1], 6) == [[2, 0, 1]]
