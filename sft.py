@@ -28,8 +28,8 @@ missing) and a trailing user turn (no answer) are trimmed, anything else irregul
 
 Prepared folder: ``sft_val_000000.bin`` (the first --val_conversations kept conversations) and
 ``sft_train_000001.bin``, ... (--shard_conversations kept conversations each), token shards written by
-prepare_fineweb.write_shard; beside each, ``<name>.mask``, a shard in the same format (tokenizer "loss-mask",
-vocabulary 2) holding the loss mask, 1 where the token is a training target. A conversation is never split
+prepare_fineweb.write_shard; beside each, ``<shard>.bin.mask``, a shard in the same format (tokenizer "loss-mask",
+vocabulary 2) holding one mask value per token, 1 where the token is a training target. A conversation is never split
 across shards and starts at its leading EOT, the only EOT with mask 0: that is how readers find
 conversation boundaries. A conversation longer than --seq_len + 1 tokens is cut to that length and kept if a
 loss token remains. ``manifest.json`` (kind "sft") records the arguments, every shard, the counts and
