@@ -12,25 +12,25 @@ import pytest
 import torch
 
 import train
-from prepare_fineweb import write_shard
+import prepare_fineweb
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    """Real text, byte-level tokens (vocab 256): one val shard and three train shards."""
-    text = b"".join(open(p, "rb").read() for p in sorted(glob.glob(os.path.join(HERE, "*.py"))))
-    tokens = np.frombuffer(text, dtype=np.uint8).astype(np.uint16)
-    d = tmp_path_factory.mktemp("shards")
-    val, train_tokens = tokens[:8192], tokens[8192:8192 + 3 * 20000]
-    write_shard(str(d / "test_val_000000.bin"), val, tokenizer="bytes", vocab_size=256, eot_token=0)
-    for i, part in enumerate(np.array_split(train_tokens, 3)):
-        write_shard(str(d / f"test_train_{i + 1:06d}.bin"), part, tokenizer="bytes", vocab_size=256, eot_token=0)
-    return str(d)
+    """Real text (this repository's source code), prepared by prepare_fineweb.py into byte-level shards:
+    one val shard of 8192 tokens and train shards of 20000."""
+    d = tmp_path_factory.mktemp("data")
+    text = "".join(open(p, encoding="utf-8").read() for p in sorted(glob.glob(os.path.join(HERE, "*.py"))))
+    (d / "source.txt").write_text(text[:200_000], encoding="utf-8")
+    prepare_fineweb.main(["--input", str(d / "source.txt"), "--out_dir", str(d / "shards"), "--prefix", "test",
+                          "--tokenizer", "bytes", "--val_tokens", "8192", "--shard_tokens", "20000",
+                          "--max_tokens", "68192", "--quiet"])
+    return str(d / "shards")
 
 
-TINY = ["--model=tiny", "--vocab_size=256", "--n_layer=4", "--d_model=64", "--n_head=4", "--n_kv_head=2",
+TINY = ["--model=tiny", "--vocab_size=320", "--n_layer=4", "--d_model=64", "--n_head=4", "--n_kv_head=2",
         "--ffn_hidden=128", "--tokenizer=bytes", "--seq_len=64", "--micro_batch=4", "--batch_tokens=512",
         "--lr=3e-3", "--warmup_steps=5", "--compile=False", "--eval_batches=4", "--seed=0"]
 
@@ -65,7 +65,7 @@ def test_loss_falls_and_log_schema(data_dir, tmp_path):
     assert not any(k.startswith("_orig_mod") for k in ckpt["model"])
     assert ckpt["step"] == 40 and ckpt["data_state"]["seq_index"] == 40 * 8
     assert sorted(os.listdir(tmp_path)) == ["ckpt_0000020.pt", "ckpt_0000040.pt", "config.json", "log.jsonl",
-                                            "run_info.json"]
+                                            "run.lock", "run_info.json"]
 
 
 def test_jreg_lowers_final_displacement(data_dir, tmp_path):
@@ -116,13 +116,27 @@ def test_sigterm_saves_a_checkpoint_and_exits(data_dir, tmp_path):
     assert [r["step"] for r in read_log(tmp_path)[0]] == list(range(1, step + 1))
 
 
-def test_nonfinite_loss_stops_with_checkpoint_intact(data_dir, tmp_path, capsys):
-    run(data_dir, tmp_path, "--max_steps=3", "--eval_interval=0")
-    before = open(tmp_path / "ckpt_0000003.pt", "rb").read()
-    with pytest.raises(FloatingPointError, match="step 4"):
-        run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--jreg_lambda=nan")
-    assert open(tmp_path / "ckpt_0000003.pt", "rb").read() == before
-    assert sorted(glob.glob(str(tmp_path / "ckpt_*.pt"))) == [str(tmp_path / "ckpt_0000003.pt")]
+def test_nonfinite_step_is_never_applied_or_saved(data_dir, tmp_path, monkeypatch):
+    """Parameters that became non-finite (here lr = inf at step 4) never reach a checkpoint, and the error names the
+    last good one; a step with a non-finite loss or gradient is not applied. (Before: NaN weights were saved,
+    the message called that checkpoint intact, and a rerun resumed from it.)"""
+    real_lr_at = train.lr_at
+    monkeypatch.setattr(train, "lr_at", lambda step, cfg: float("inf") if step == 3 else real_lr_at(step, cfg))
+    with pytest.raises(SystemExit, match="non-finite parameters after step 4.*ckpt_0000003.pt"):
+        run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--ckpt_interval=1")
+    assert [s for s, _ in train.list_checkpoints(tmp_path)][-1] == 3
+    for _, path in train.list_checkpoints(tmp_path):
+        assert all(torch.isfinite(v).all() for v in torch.load(path, weights_only=False)["model"].values())
+    monkeypatch.setattr(train, "lr_at", real_lr_at)
+    real_forward, saved = train.JregObjective.forward, open(tmp_path / "ckpt_0000003.pt", "rb").read()
+    monkeypatch.setattr(train.JregObjective, "forward", lambda self, x, y: tuple(
+        t * float("nan") if i == 0 else t for i, t in enumerate(real_forward(self, x, y))))   # a loss spike to NaN
+    with pytest.raises(SystemExit, match="non-finite loss nan .* at step 4; nothing of this step"):
+        run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--ckpt_interval=1")
+    assert open(tmp_path / "ckpt_0000003.pt", "rb").read() == saved
+    monkeypatch.setattr(train.JregObjective, "forward", real_forward)
+    steps, _ = run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--ckpt_interval=1")
+    assert [r["step"] for r in steps] == list(range(1, 7)) and all(np.isfinite(r["loss"]) for r in steps)
 
 
 def cli(*args, cwd=HERE):
@@ -137,35 +151,123 @@ def test_config_errors(data_dir, tmp_path):
     assert r.returncode != 0 and "unknown config key 'max_step'" in r.stderr and "Traceback" not in r.stderr
     r = cli("--jreg_lamda=1")
     assert r.returncode != 0 and "unknown config key 'jreg_lamda'" in r.stderr
-    with pytest.raises(train.RunError, match="'max_steps': expected int"):
+    with pytest.raises(SystemExit, match="'max_steps': expected int"):
         train.load_config(["--max_steps=ten"])
     cfg_file.write_text("lr = 'fast'\n")
-    with pytest.raises(train.RunError, match="'lr': expected float"):
+    with pytest.raises(SystemExit, match="'lr': expected float"):
         train.load_config([str(cfg_file)])
-    with pytest.raises(train.RunError, match="'compile': expected a bool"):
+    with pytest.raises(SystemExit, match="'compile': expected bool"):
         train.load_config(["--compile=maybe"])
-    with pytest.raises(train.RunError, match="does not exist"):
+    with pytest.raises(SystemExit, match="does not exist"):
         train.load_config([str(tmp_path / "missing.py")])
-    with pytest.raises(train.RunError, match="jreg_weighting"):
+    with pytest.raises(SystemExit, match="jreg_weighting"):
         train.load_config(["--jreg_weighting=top"])
     cfg = train.load_config(["configs/170m_jreg.py", "--lr=1e-3", "--max_steps=5e3"])
     assert (cfg.lr, cfg.max_steps, cfg.jreg_lambda, cfg.model) == (1e-3, 5000, 1.0, "170m")
     assert cfg.batch_tokens == 524288 and cfg.out_dir == "out/170m_jreg"       # include("170m.py") + overrides
     (tmp_path / "base.py").write_text("lr = 0.5\nwarmup_step = 3\n")
     cfg_file.write_text("include('base.py')\n")
-    with pytest.raises(train.RunError, match="unknown config key 'warmup_step'"):
+    with pytest.raises(SystemExit, match="unknown config key 'warmup_step'"):
         train.load_config([str(cfg_file)])
-    with pytest.raises(train.RunError, match="batch_tokens"):
+    with pytest.raises(SystemExit, match="batch_tokens"):
         run(data_dir, tmp_path / "b", "--batch_tokens=500")
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("--micro_batch=0", "'micro_batch' = 0: must be at least 1"), ("--seq_len=-64", "'seq_len'"),
+    ("--max_steps=0", "'max_steps'"), ("--keep_ckpts=0", "'keep_ckpts' = 0"), ("--ckpt_interval=0", "ckpt_interval"),
+    ("--eval_interval=-1", "eval_interval"), ("--eval_batches=0", "eval_batches"), ("--log_interval=0", "log_interval"),
+    ("--warmup_steps=-1", "warmup_steps"), ("--lr=nan", "'lr' = nan"), ("--lr=inf", "'lr' = inf"), ("--lr=-1e-3", "'lr'"),
+    ("--jreg_alpha=inf", "jreg_alpha"), ("--jreg_lambda=nan", "jreg_lambda"), ("--grad_clip=-1", "grad_clip"),
+    ("--beta2=1.5", "beta2"), ("--min_lr_ratio=-0.1", "min_lr_ratio"), ("--weight_decay=-0.1", "weight_decay"),
+    ("--dtype=fp8", "'dtype'"), ("--device=gpu0", "'device'"), ("--n_head=3", "model shape"),
+    ("--n_kv_head=3", "model shape"), ("--n_layer=0", "'n_layer' = 0"), ("--vocab_size=-5", "vocab_size"),
+])
+def test_every_setting_is_checked_before_anything_is_written(data_dir, tmp_path, setting, message):
+    """One `error:` line, exit status 1, no out_dir. (Before: tracebacks, some after a trained step, and
+    keep_ckpts=0 deleted every checkpoint right after saving it.)"""
+    r = cli(*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'o'}", "--max_steps=2", setting)
+    assert r.returncode == 1 and r.stderr.startswith("error:") and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_config_file_with_a_python_error_names_file_and_line(tmp_path):
+    for body, line in (("lr = 1e-3\nmax_steps = 10 +\n", 2), ("lr = 1e-3\n\nmax_steps = undefined_name\n", 3)):
+        (tmp_path / "c.py").write_text(body)
+        r = cli(str(tmp_path / "c.py"))
+        assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr, r.stderr
+        assert f"c.py, line {line}" in r.stderr
+
+
+def test_resume_with_other_settings_is_refused_and_allowed_changes_are_recorded(data_dir, tmp_path):
+    """Settings that define the experiment must match on resume. (Before: the run silently continued under the
+    new settings and config.json was rewritten to claim them.)"""
+    run(data_dir, tmp_path, "--max_steps=2", "--eval_interval=0")
+    saved = open(tmp_path / "config.json").read()
+    for setting in ("--seed=1", "--lr=1e-3", "--batch_tokens=1024", "--jreg_lambda=1.0", "--warmup_steps=2",
+                    f"--data_dir={data_dir}/../shards/.", "--jreg_final_norm=True"):
+        with pytest.raises(SystemExit, match="other settings.*" + setting[2:].split("=")[0]):
+            run(data_dir, tmp_path, "--max_steps=4", setting)
+        assert open(tmp_path / "config.json").read() == saved
+    steps, _ = run(data_dir, tmp_path, "--max_steps=4", "--eval_interval=2", "--keep_ckpts=5")   # legitimate changes
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    history = json.load(open(tmp_path / "config.json"))["history"]
+    assert [h["step"] for h in history] == [0, 2]
+    assert history[1]["changed"] == {"max_steps": [2, 4], "eval_interval": [0, 2], "keep_ckpts": [3, 5]}
+
+
+def test_torn_log_line_is_tolerated_and_the_log_is_rewritten_atomically(data_dir, tmp_path, monkeypatch):
+    """A kill mid-append leaves a torn last line: resume drops it. (Before: a JSONDecodeError traceback.) The
+    log is rewritten through a temporary file: a kill before the rename leaves the old log whole."""
+    run(data_dir, tmp_path, "--max_steps=3", "--eval_interval=0")
+    with open(tmp_path / "log.jsonl", "a") as f:
+        f.write('{"step": 4, "tokens": 20')
+    complete = open(tmp_path / "log.jsonl").read()
+
+    def killed(src, dst):
+        raise KeyboardInterrupt("killed before the rename")
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run(data_dir, tmp_path, "--max_steps=5", "--eval_interval=0")
+    assert open(tmp_path / "log.jsonl").read() == complete
+    monkeypatch.undo()
+    steps, _ = run(data_dir, tmp_path, "--max_steps=5", "--eval_interval=0")
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
+
+
+def test_second_process_in_the_same_run_folder_is_refused(data_dir, tmp_path):
+    """(Before: both ran, interleaving logs and overwriting checkpoints, both exiting 0.) A killed process's lock
+    does not block the resume."""
+    cmd = [sys.executable, os.path.join(HERE, "train.py"), *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}",
+           "--max_steps=100000", "--ckpt_interval=2", "--eval_interval=0"]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE)
+    try:
+        for line in first.stdout:
+            if line.startswith("step      3"):
+                break
+        second = cli(*cmd[2:])
+        assert second.returncode == 1 and "in use by another training process" in second.stderr, second.stderr
+        assert f"pid {first.pid}" in second.stderr and first.poll() is None
+    finally:
+        first.kill()                                            # kill -9: no cleanup, the lock file stays
+        first.wait()
+    steps, _ = run(data_dir, tmp_path, "--max_steps=6", "--ckpt_interval=2", "--eval_interval=0")
+    assert [r["step"] for r in steps] == list(range(1, 7))
+
+
+def test_one_layer_model_trains_and_profiles(data_dir, tmp_path):
+    steps, evals = run(data_dir, tmp_path, "--n_layer=1", "--max_steps=2", "--eval_interval=2")
+    assert steps[-1]["zeta_L"] is None and evals[-1]["zeta"] == [] and len(evals[-1]["psi"]) == 1
 
 
 def test_data_errors(data_dir, tmp_path):
     r = cli(*TINY, f"--data_dir={tmp_path / 'nowhere'}", f"--out_dir={tmp_path / 'o'}")
-    assert r.returncode != 0 and "data directory not found" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 1 and r.stderr.startswith("error:") and "nowhere" in r.stderr and "Traceback" not in r.stderr
     assert not os.path.exists(tmp_path / "o")
-    with pytest.raises(train.RunError, match="tokenizer"):
+    with pytest.raises(SystemExit, match="tokenizer"):
         run(data_dir, tmp_path / "o", "--tokenizer=gpt2")
-    with pytest.raises(train.RunError, match="vocab_size 128"):
+    with pytest.raises(SystemExit, match="vocab_size 128"):
         run(data_dir, tmp_path / "o", "--vocab_size=128")
     assert not os.path.exists(tmp_path / "o")
 
@@ -173,21 +275,23 @@ def test_data_errors(data_dir, tmp_path):
 def test_checkpoint_of_another_model_is_refused(data_dir, tmp_path):
     run(data_dir, tmp_path, "--max_steps=2", "--eval_interval=0")
     before = {p: open(p, "rb").read() for p in glob.glob(str(tmp_path / "*"))}
-    with pytest.raises(train.RunError, match="another model"):
+    with pytest.raises(SystemExit, match="another model"):
         run(data_dir, tmp_path, "--max_steps=4", "--n_layer=3")
-    assert {p: open(p, "rb").read() for p in glob.glob(str(tmp_path / "*"))} == before
+    after = {p: open(p, "rb").read() for p in glob.glob(str(tmp_path / "*"))}
+    assert {p: b for p, b in after.items() if not p.endswith("run.lock")} == \
+           {p: b for p, b in before.items() if not p.endswith("run.lock")}
 
 
 def test_data_order_is_deterministic_disjoint_and_resumable(data_dir):
-    s = train.ShardStream(data_dir, "train", 64, seed=0, tokenizer="bytes", vocab_size=256)
+    s = train.ShardStream(data_dir, "train", 64, seed=0, tokenizer="bytes", vocab_size=320)
     n = s.per_epoch
     first = [s.position(k) for k in range(n)]
     assert len(set(first)) == n                                   # one epoch visits every window once
     second = [s.position(k) for k in range(n, 2 * n)]
     assert sorted(first) == sorted(second) and first != second    # next epoch: same windows, new order
-    again = train.ShardStream(data_dir, "train", 64, seed=0, tokenizer="bytes", vocab_size=256)
+    again = train.ShardStream(data_dir, "train", 64, seed=0, tokenizer="bytes", vocab_size=320)
     assert [again.position(k) for k in range(n - 5, n + 5)] == first[-5:] + second[:5]   # random access
-    other = train.ShardStream(data_dir, "train", 64, seed=1, tokenizer="bytes", vocab_size=256)
+    other = train.ShardStream(data_dir, "train", 64, seed=1, tokenizer="bytes", vocab_size=320)
     assert [other.position(k) for k in range(10)] != first[:10]
     shard, start = first[7]
     assert np.array_equal(s.window(7), s.shards[shard][start:start + 65])

@@ -5,19 +5,23 @@ Pre-train a Llama with or without JREG (loss = CE + λ · Σ_l w_l Ψ_l).
     python train.py configs/tiny_jreg.py --max_steps=50 --lr=1e-3  # --key=value overrides the config file
     torchrun --nproc_per_node=8 train.py configs/170m_jreg.py     # DDP (or FSDP2 with --fsdp=True)
 
-Every setting and its default is in `Config` below; a config file is a Python file assigning some of them.
-Starting a run in an out_dir that holds a checkpoint resumes it exactly.
+Every setting and its default is in `Config` below; a config file is Python (trusted input) assigning some of them.
+Starting a run in an out_dir that holds a checkpoint resumes it exactly; the settings that define the experiment
+must then be the same (RESUMABLE lists those that may change). A user error is one `error:` line, exit status 1.
 """
 import dataclasses
+import fcntl
 import glob
 import json
 import math
 import os
 import platform
 import signal
+import socket
 import subprocess
 import sys
 import time
+import traceback
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -26,8 +30,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from jreg import WEIGHTINGS, displacement, jump_rate, layer_weights, streams
+from jreg import WEIGHTINGS, Profile, displacement, jump_rate, layer_weights, streams
 from model import PRESETS, Llama, LlamaConfig
+from prepare_fineweb import list_shards, read_shard, write_atomic
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -67,7 +72,7 @@ class Config:
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
-    grad_clip: float = 1.0
+    grad_clip: float = 1.0          # 0: no clipping
     # JREG
     jreg_lambda: float = 0.0        # 0 = the baseline, exactly
     jreg_alpha: float = 1.0
@@ -76,7 +81,7 @@ class Config:
     jreg_skip_first: bool = False   # leave position 0 out of Ψ
     # logging, evaluation, checkpoints
     log_interval: int = 1
-    eval_interval: int = 1000
+    eval_interval: int = 1000       # 0: no periodic evaluation
     eval_batches: int = 20          # fixed validation batches (of micro_batch sequences) per eval
     ckpt_interval: int = 1000
     keep_ckpts: int = 3
@@ -84,79 +89,105 @@ class Config:
     wandb_run_name: str = ""
 
 
-class RunError(ValueError):
-    """A user error (config, data, checkpoint): reported as one line, nothing written."""
+# settings that may differ when a run is resumed (recorded in config.json's history); all others must match
+RESUMABLE = {"max_steps", "device", "dtype", "compile", "fsdp", "micro_batch", "log_interval", "eval_interval",
+             "eval_batches", "ckpt_interval", "keep_ckpts", "wandb_project", "wandb_run_name"}
 
 
-def parse_value(key, text, ftype):
-    """Turn a command-line string into the field's type, or fail naming the key."""
-    if ftype is bool:
-        if text.lower() in ("true", "1", "yes"):
-            return True
-        if text.lower() in ("false", "0", "no"):
-            return False
-        raise RunError(f"config key {key!r}: expected a bool, got {text!r}")
-    try:
-        return ftype(float(text)) if ftype is int and "e" in text.lower() else ftype(text)
-    except ValueError:
-        raise RunError(f"config key {key!r}: expected {ftype.__name__}, got {text!r}") from None
-
-
-def check_type(key, value, ftype):
-    if ftype is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if ftype is int and isinstance(value, float) and value.is_integer():
-        return int(value)
-    if not isinstance(value, ftype) or (ftype is int and isinstance(value, bool)):
-        raise RunError(f"config key {key!r}: expected {ftype.__name__}, got {type(value).__name__} {value!r}")
-    return value
+def fail(message):
+    raise SystemExit(f"error: {message}")
 
 
 def read_config_file(path):
     """The settings a config file assigns. `include("other.py")` inside it first reads another file of the same
     folder, so a JREG config can be its baseline plus the lines that differ."""
     if not os.path.isfile(path):
-        raise RunError(f"config file {path!r} does not exist")
-    namespace = {"include": lambda name: namespace.update(read_config_file(os.path.join(os.path.dirname(path), name)))}
-    exec(compile(open(path).read(), path, "exec"), namespace)
-    return {k: v for k, v in namespace.items()
-            if not (k.startswith("_") or k == "include" or callable(v) or type(v).__name__ == "module")}
+        fail(f"config file {path!r} does not exist")
+    ns = {"include": lambda name: ns.update(read_config_file(os.path.join(os.path.dirname(path), name)))}
+    try:
+        exec(compile(open(path).read(), path, "exec"), ns)
+    except SystemExit:
+        raise
+    except Exception as e:                                       # name the file and line of the mistake
+        line = e.lineno if isinstance(e, SyntaxError) else next(
+            (f.lineno for f in reversed(traceback.extract_tb(e.__traceback__)) if f.filename == path), "?")
+        fail(f"{path}, line {line}: {type(e).__name__}: {e}")
+    return {k: v for k, v in ns.items() if not (k.startswith("_") or k == "include" or callable(v)
+                                                or type(v).__name__ == "module")}
 
 
 def load_config(argv):
-    """Config from `[config.py] [--key=value ...]`: defaults <- config file <- command line."""
+    """Config from `[config.py ...] [--key=value ...]`: defaults <- config files <- command line; then checked."""
     types = {f.name: f.type for f in dataclasses.fields(Config)}
     values = {}
     for arg in argv:
-        if arg.startswith("--"):
-            key, sep, text = arg[2:].partition("=")
-            if key not in types:
-                raise RunError(f"unknown config key {key!r} (from the command line)")
-            if not sep:
-                raise RunError(f"config key {key!r}: use --{key}=VALUE")
-            values[key] = parse_value(key, text, types[key])
-        else:
+        if not arg.startswith("--"):
             for key, value in read_config_file(arg).items():
-                if key not in types:
-                    raise RunError(f"unknown config key {key!r} in {arg}")
-                values[key] = value
-    cfg = Config()
-    for key, value in values.items():
-        if value is not None:
-            value = check_type(key, value, types[key])
-        setattr(cfg, key, value)
-    if cfg.model not in PRESETS:
-        raise RunError(f"config key 'model': unknown preset {cfg.model!r}; choose one of {sorted(PRESETS)}")
-    if cfg.jreg_weighting not in WEIGHTINGS:
-        raise RunError(f"config key 'jreg_weighting': {cfg.jreg_weighting!r} is not one of {WEIGHTINGS}")
+                values[key] = (value, f"in {arg}")
+            continue
+        key, sep, text = arg[2:].partition("=")
+        if not sep:
+            fail(f"config key {key!r}: use --{key}=VALUE")
+        ftype = types.get(key, str)
+        try:
+            value = {"true": True, "false": False}.get(text.lower(), text) if ftype is bool else \
+                int(float(text)) if ftype is int and float(text).is_integer() else ftype(text)
+        except ValueError:
+            value = text                                         # reported as a wrong type below
+        values[key] = (value, "(from the command line)")
+    for key, (value, where) in values.items():
+        ftype = types.get(key)
+        if ftype is None:
+            fail(f"unknown config key {key!r} {where}")
+        if ftype is float and type(value) is int:
+            value = float(value)
+        if value is not None and type(value) is not ftype:
+            fail(f"config key {key!r}: expected {ftype.__name__}, got {type(value).__name__} {value!r} {where}")
+        values[key] = value
+    cfg = Config(**values)
+    check_config(cfg)
     return cfg
+
+
+def check_config(cfg):
+    """Every setting in range, before anything is built or written."""
+    def need(ok, key, what):
+        if not ok:
+            fail(f"config key {key!r} = {getattr(cfg, key)!r}: {what}")
+    for key in ("batch_tokens", "micro_batch", "seq_len", "log_interval", "eval_batches", "ckpt_interval",
+                "keep_ckpts", "max_steps"):
+        need(getattr(cfg, key) >= 1, key, "must be at least 1")
+    for key in ("warmup_steps", "eval_interval"):
+        need(getattr(cfg, key) >= 0, key, "must be 0 or more")
+    for key in ("lr", "weight_decay", "grad_clip", "jreg_lambda", "jreg_alpha"):
+        need(math.isfinite(getattr(cfg, key)) and getattr(cfg, key) >= 0, key, "must be a finite number >= 0")
+    for key in ("min_lr_ratio", "beta1", "beta2"):
+        need(0 <= getattr(cfg, key) <= 1, key, "must be in [0, 1]")
+    need(cfg.model in PRESETS, "model", f"choose one of {sorted(PRESETS)}")
+    need(cfg.jreg_weighting in WEIGHTINGS, "jreg_weighting", f"choose one of {WEIGHTINGS}")
+    need(cfg.dtype in ("auto", "bfloat16", "float32"), "dtype", "choose auto, bfloat16 or float32")
+    if cfg.device != "auto":
+        try:
+            device = torch.device(cfg.device)
+        except RuntimeError:
+            fail(f"config key 'device' = {cfg.device!r}: not a device (cpu, cuda, cuda:N, mps)")
+        need(device.type != "cuda" or torch.cuda.is_available(), "device", "CUDA is not available here")
+        need(device.type in ("cpu", "cuda", "mps"), "device", "choose cpu, cuda, cuda:N or mps")
+    model_config(cfg)
 
 
 def model_config(cfg):
     overrides = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(LlamaConfig)
-                 if hasattr(cfg, f.name) and getattr(cfg, f.name) is not None}
+                 if getattr(cfg, f.name, None) is not None}
     overrides["max_seq_len"] = max(cfg.seq_len, PRESETS[cfg.model].max_seq_len)
-    return dataclasses.replace(PRESETS[cfg.model], **overrides)
+    for key in ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "ffn_hidden"):
+        if overrides.get(key, 1) < 1:
+            fail(f"config key {key!r} = {overrides[key]}: must be at least 1")
+    try:
+        return dataclasses.replace(PRESETS[cfg.model], **overrides)
+    except AssertionError as e:                                   # LlamaConfig's shape checks
+        fail(f"model shape: {e} (n_head, n_kv_head, d_model = {overrides.get('n_head')}, "
+             f"{overrides.get('n_kv_head')}, {overrides.get('d_model')})")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -164,17 +195,12 @@ def model_config(cfg):
 
 def load_shards(data_dir, split, tokenizer, vocab_size):
     """The token arrays (memory-mapped) of one split, checked against the model's tokenizer and vocabulary."""
-    from prepare_fineweb import list_shards, read_shard
     arrays = []
-    try:
-        for path in list_shards(data_dir, split):
-            tokens, header = read_shard(path, tokenizer=tokenizer)
-            if header["vocab_size"] > vocab_size:
-                raise RunError(f"{path}: vocabulary of {header['vocab_size']} tokens does not fit the model's "
-                               f"vocab_size {vocab_size}")
-            arrays.append(tokens)
-    except (ValueError, FileNotFoundError) as e:
-        raise RunError(str(e)) from e
+    for path in list_shards(data_dir, split):
+        tokens, header = read_shard(path, tokenizer=tokenizer)
+        if header["vocab_size"] > vocab_size:
+            fail(f"{path}: vocabulary of {header['vocab_size']} tokens does not fit the model's vocab_size {vocab_size}")
+        arrays.append(tokens)
     return arrays
 
 
@@ -189,7 +215,7 @@ class ShardStream:
         self.n_windows = np.array([(len(s) - 1) // seq_len for s in self.shards])
         self.per_epoch = int(self.n_windows.sum())
         if self.per_epoch == 0:
-            raise RunError(f"{data_dir}: no {split} shard holds {seq_len + 1} tokens")
+            fail(f"{data_dir}: no {split} shard holds {seq_len + 1} tokens")
         self._epoch, self._order = None, None
 
     def _epoch_order(self, epoch):
@@ -219,23 +245,20 @@ class ShardStream:
         return w[:, :-1].contiguous(), w[:, 1:].contiguous()
 
 
-def val_batches(data_dir, cfg, vocab_size, rank, world):
-    """The fixed validation set: the first eval_batches · micro_batch windows of the val shards, in order,
-    strided over ranks (the same number on each)."""
-    tokens = np.concatenate(load_shards(data_dir, "val", cfg.tokenizer, vocab_size))
-    n = min(cfg.eval_batches * cfg.micro_batch, (len(tokens) - 1) // cfg.seq_len) // world * world
-    if n == 0:
-        raise RunError(f"{data_dir}: the val shards hold fewer than {world} windows of {cfg.seq_len + 1} tokens")
-    windows = np.stack([tokens[i * cfg.seq_len: i * cfg.seq_len + cfg.seq_len + 1] for i in range(n)])
-    windows = torch.from_numpy(windows.astype(np.int64))[rank::world]
-    return [(w[:, :-1], w[:, 1:]) for w in windows.split(cfg.micro_batch)]
+def val_windows(data_dir, tokenizer, vocab_size, seq_len, n):
+    """The fixed validation set: the first n (or fewer, if the val shards are shorter) non-overlapping windows of
+    seq_len + 1 tokens of the val shards, in order. train.py's periodic eval and evaluate.py's profiles use it."""
+    tokens = np.concatenate(load_shards(data_dir, "val", tokenizer, vocab_size))
+    n = min(n, (len(tokens) - 1) // seq_len)
+    return torch.from_numpy(np.stack([tokens[i * seq_len:(i + 1) * seq_len + 1] for i in range(n)]).astype(np.int64)
+                            if n else np.zeros((0, seq_len + 1), dtype=np.int64))
 
 
 # ----------------------------------------------------------------------------------------------------------
 # The training objective: one forward gives CE, Ψ and the penalty
 
 class JregObjective(nn.Module):
-    """loss = CE + λ · Σ_l w_l Ψ_l. Wraps the model so that torch.compile sees forward and penalty as one graph."""
+    """CE and the penalty Σ_l w_l Ψ_l from one forward. Wraps the model so that torch.compile sees both as one graph."""
 
     def __init__(self, model, cfg):
         super().__init__()
@@ -250,9 +273,7 @@ class JregObjective(nn.Module):
         if cfg.jreg_lambda == 0:                      # the baseline: Ψ only for the log, outside autograd
             hs = [h.detach() for h in hs]
         psi = displacement(hs, skip_first=cfg.jreg_skip_first)
-        penalty = (self.weights * psi).sum()
-        loss = out.loss + cfg.jreg_lambda * penalty if cfg.jreg_lambda else out.loss
-        return loss, out.loss.detach(), penalty.detach(), psi.detach()
+        return out.loss, (self.weights * psi).sum(), psi.detach()
 
 
 def lr_at(step, cfg):
@@ -277,14 +298,35 @@ def peak_flops(device):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Checkpoints: written to a temporary file and renamed; the newest complete one is resumed
+# Checkpoints (one format, also read by evaluate.py): ckpt_NNNNNNN.pt, written to a temporary file and renamed
 
-def checkpoint_paths(out_dir):
-    return sorted(glob.glob(os.path.join(out_dir, "ckpt_*.pt")))
+def list_checkpoints(out_dir):
+    """[(step, path)] of the complete checkpoints in out_dir, oldest first."""
+    found = [(int(os.path.basename(p)[5:-3]), p) for p in glob.glob(os.path.join(out_dir, "ckpt_*.pt"))
+             if os.path.basename(p)[5:-3].isdigit()]
+    return sorted(found)
 
 
-def save_checkpoint(cfg, step, model, optimizer, seq_index, fsdp):
-    if fsdp:
+def load_checkpoint(path):
+    """The checkpoint dict: model, optimizer, model_config, config, step, tokens, data_state, rng. Memory-mapped,
+    so the ranks of one node share a copy in the page cache."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:
+        fail(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+
+def save_checkpoint(cfg, step, model, optimizer, seq_index):
+    """Rank 0 writes the full (unsharded, uncompiled) state. A model with a non-finite parameter is never saved."""
+    bad = torch.tensor(float(any(not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
+                                 for p in model.parameters())))
+    if dist.is_initialized():
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    if bad.item():
+        last = list_checkpoints(cfg.out_dir)
+        fail(f"non-finite parameters after step {step}: nothing saved. The last good checkpoint is "
+             f"{last[-1][1] if last else '(none)'}; rerun to resume from it, with a lower lr or grad_clip")
+    if cfg.fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
         model_sd, optim_sd = get_state_dict(model, optimizer,
                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -299,18 +341,11 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index, fsdp):
     path = os.path.join(cfg.out_dir, f"ckpt_{step:07d}.pt")
     torch.save(ckpt, path + ".tmp")
     os.replace(path + ".tmp", path)
-    for old in checkpoint_paths(cfg.out_dir)[:-cfg.keep_ckpts]:
+    for _, old in list_checkpoints(cfg.out_dir)[:-cfg.keep_ckpts]:
         os.remove(old)
 
 
-def load_checkpoint(path, model, optimizer, fsdp):
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)   # ranks share the page cache
-    except Exception as e:
-        raise RunError(f"cannot read checkpoint {path}: {e}") from e
-    if ckpt.get("model_config") != dataclasses.asdict(model.config):
-        raise RunError(f"checkpoint {path} is of another model:\n  checkpoint {ckpt.get('model_config')}\n"
-                         f"  this run   {dataclasses.asdict(model.config)}\nuse another out_dir or the same model")
+def restore(ckpt, model, optimizer, fsdp):
     if fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
         set_state_dict(model, optimizer, model_state_dict=ckpt["model"], optim_state_dict=ckpt["optimizer"],
@@ -321,21 +356,63 @@ def load_checkpoint(path, model, optimizer, fsdp):
     torch.set_rng_state(ckpt["rng"]["torch"])
     if ckpt["rng"]["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
-    return ckpt
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The run folder: one process at a time, its settings fixed at the start, its records rewritten atomically
+
+def lock_run(out_dir):
+    """An exclusive lock on out_dir/run.lock for the life of this process (the kernel drops it when the process
+    dies, so a killed run never blocks its own resume). A second process in the same folder is refused."""
+    os.makedirs(out_dir, exist_ok=True)
+    f = open(os.path.join(out_dir, "run.lock"), "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        fail(f"{out_dir} is in use by another training process ({f.read().strip() or 'unknown'}); "
+             f"wait for it to finish or use another out_dir")
+    f.truncate(0)
+    f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    f.flush()
+    return f
+
+
+def check_resume(cfg, ckpt, path):
+    """The settings of a resumed run must be the checkpoint's, except the RESUMABLE ones: {key: [old, new]}."""
+    old, new = ckpt["config"], dataclasses.asdict(cfg)
+    changed = {k: [old.get(k), v] for k, v in new.items() if old.get(k, v) != v}
+    wrong = {k: c for k, c in changed.items() if k not in RESUMABLE and k != "out_dir"}
+    if ckpt.get("model_config") != dataclasses.asdict(model_config(cfg)):
+        fail(f"checkpoint {path} is of another model: use another out_dir or the same model")
+    if wrong:
+        fail(f"{cfg.out_dir} holds a run with other settings; resuming needs the same ones "
+             f"({'; '.join(f'{k}: run {a!r}, now {b!r}' for k, (a, b) in wrong.items())}): use another out_dir")
+    return {k: c for k, c in changed.items() if k != "out_dir"}
+
+
+def read_log(path, last_step):
+    """The records of log.jsonl up to last_step (a torn last line from a kill is dropped)."""
+    if not os.path.exists(path):
+        return []
+    records = []
+    for line in open(path):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return [r for r in records if r["step"] <= last_step]
 
 
 def run_info(device):
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                    text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip())
-    except OSError:
-        commit, dirty = None, None
-    return {"git_commit": commit, "git_dirty": dirty, "torch": torch.__version__, "python": sys.version.split()[0],
+    here = os.path.dirname(os.path.abspath(__file__))
+    git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=here).stdout.strip()
+    return {"git_commit": git("rev-parse", "HEAD") or None, "git_dirty": bool(git("status", "--porcelain",
+            "--untracked-files=no")), "torch": torch.__version__, "python": sys.version.split()[0],
             "platform": platform.platform(), "cpu": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "device": torch.cuda.get_device_name(device) if device.type == "cuda"
-            else device.type, "world_size": int(os.environ.get("WORLD_SIZE", 1)), "argv": sys.argv}
+            else device.type, "world_size": int(os.environ.get("WORLD_SIZE", 1)), "argv": sys.argv,
+            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -346,32 +423,42 @@ def main(argv):
     # ---- processes and devices
     ddp = "RANK" in os.environ
     rank, local_rank, world = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))
+    master = rank == 0
+    if cfg.fsdp and not ddp:
+        fail("fsdp=True needs torch.distributed: launch with torchrun (--nproc_per_node=1 for one GPU)")
+    seqs_per_step, rest = divmod(cfg.batch_tokens, cfg.seq_len)
+    grad_accum, rest2 = divmod(seqs_per_step, cfg.micro_batch * world)
+    if rest or rest2 or grad_accum == 0:
+        fail(f"batch_tokens {cfg.batch_tokens} must be a multiple of seq_len · micro_batch · world_size"
+             f" = {cfg.seq_len} · {cfg.micro_batch} · {world}")
     if cfg.device == "auto":
         cfg.device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
     device = torch.device(cfg.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if ddp:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    master = rank == 0
-    if cfg.fsdp and not ddp:
-        raise RunError("fsdp=True needs torch.distributed: launch with torchrun (--nproc_per_node=1 for one GPU)")
     torch.manual_seed(cfg.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
 
-    seqs_per_step, rest = divmod(cfg.batch_tokens, cfg.seq_len)
-    grad_accum, rest2 = divmod(seqs_per_step, cfg.micro_batch * world)
-    if rest or rest2 or grad_accum == 0:
-        raise RunError(f"batch_tokens {cfg.batch_tokens} must be a multiple of seq_len · micro_batch · world_size"
-                         f" = {cfg.seq_len} · {cfg.micro_batch} · {world}")
-
-    # ---- model, data, optimiser
+    # ---- data, checked before anything is written
     mcfg = model_config(cfg)
     train_data = ShardStream(cfg.data_dir, "train", cfg.seq_len, cfg.seed, cfg.tokenizer, mcfg.vocab_size)
-    val_data = val_batches(cfg.data_dir, cfg, mcfg.vocab_size, rank, world)
+    windows = val_windows(cfg.data_dir, cfg.tokenizer, mcfg.vocab_size, cfg.seq_len, cfg.eval_batches * cfg.micro_batch)
+    windows = windows[:len(windows) // world * world][rank::world]
+    if cfg.eval_interval and len(windows) == 0:
+        fail(f"{cfg.data_dir}: the val shards hold fewer than {world} windows of {cfg.seq_len + 1} tokens")
+    val_data = [(w[:, :-1], w[:, 1:]) for w in windows.split(cfg.micro_batch)]
+
+    # ---- the run folder: locked, then resumed from its newest checkpoint if it has one
+    lock = lock_run(cfg.out_dir) if master else None
+    if ddp:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    ckpts = list_checkpoints(cfg.out_dir)
+    ckpt = load_checkpoint(ckpts[-1][1]) if ckpts else None
+    changed = check_resume(cfg, ckpt, ckpts[-1][1]) if ckpt else {}
+
     with torch.device(device):                          # built in place: no full CPU copy per rank
         model = Llama(mcfg)
     if cfg.fsdp:
@@ -385,30 +472,25 @@ def main(argv):
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type in ("cuda", "cpu"))
-
-    # ---- resume from the newest checkpoint of out_dir, if any
     step, seq_index = 0, 0
-    ckpts = checkpoint_paths(cfg.out_dir)
-    if ckpts:
-        ckpt = load_checkpoint(ckpts[-1], model, optimizer, cfg.fsdp)
+    if ckpt:
+        restore(ckpt, model, optimizer, cfg.fsdp)
         step, seq_index = ckpt["step"], ckpt["data_state"]["seq_index"]
-        if master:
-            print(f"resuming from {ckpts[-1]} at step {step}")
         del ckpt
+
     log_path = os.path.join(cfg.out_dir, "log.jsonl")
     if master:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
-            json.dump({"config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg)}, f, indent=2)
-        with open(os.path.join(cfg.out_dir, "run_info.json"), "w") as f:
-            json.dump(run_info(device), f, indent=2)
-        if os.path.exists(log_path):                  # drop records past the checkpoint: those steps are redone
-            with open(log_path) as f:
-                kept = [line for line in f if json.loads(line)["step"] <= step]
-            with open(log_path, "w") as f:
-                f.writelines(kept)
-        print(f"model {cfg.model}: {model.num_params() / 1e6:.1f}M parameters, {mcfg.n_layer} layers | world {world} | "
-              f"grad_accum {grad_accum} | device {device} {'bf16' if bf16 else 'fp32'} | "
+        info = run_info(device)
+        old = json.load(open(os.path.join(cfg.out_dir, "config.json"))) if step else {}
+        history = old.get("history", []) + [{"step": step, "changed": changed, "argv": info["argv"], "time": info["time"]}]
+        write_atomic(os.path.join(cfg.out_dir, "config.json"), json.dumps(
+            {"config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg), "history": history}, indent=2))
+        write_atomic(os.path.join(cfg.out_dir, "run_info.json"), json.dumps(info, indent=2))
+        kept = read_log(log_path, step) if step else []   # records past the checkpoint are redone
+        write_atomic(log_path, "".join(json.dumps(r) + "\n" for r in kept))
+        print(("resuming from " + ckpts[-1][1] + f" at step {step}" + (f", changed: {changed}" if changed else "") + "\n"
+               if step else "") + f"model {cfg.model}: {model.num_params() / 1e6:.1f}M parameters, {mcfg.n_layer} layers"
+              f" | world {world} | grad_accum {grad_accum} | device {device} {'bf16' if bf16 else 'fp32'} | "
               f"jreg λ={cfg.jreg_lambda} α={cfg.jreg_alpha} {cfg.jreg_weighting}")
     wandb = None
     if cfg.wandb_project and master:
@@ -430,27 +512,24 @@ def main(argv):
 
     def evaluate():
         model.eval()
-        totals = torch.zeros(2 + mcfg.n_layer, device=device)      # loss sum, token count, Ψ sums
+        profile = Profile()
         with torch.no_grad(), autocast:
             for x, y in val_data:
                 x, y = x.to(device), y.to(device)
                 out = model(x, y)
-                psi = displacement(streams(out, cfg.jreg_final_norm), skip_first=cfg.jreg_skip_first)
-                totals += torch.cat([torch.stack([out.loss.float() * y.numel(), torch.tensor(float(y.numel()),
-                                     device=device)]), psi * y.numel()])
-        if ddp:
-            dist.all_reduce(totals)
+                n = (y != -1).sum()
+                profile.add(out.hidden_states, out.final_hidden, loss_sum=out.loss.float() * n, n_loss=n)
         model.train()
-        psi = totals[2:] / totals[1]
-        return {"val_loss": (totals[0] / totals[1]).item(), "psi": psi.tolist(), "zeta": jump_rate(psi).tolist()}
+        p = profile.result(dist.all_reduce if ddp else None)
+        key = "psi" + ("_normed" if cfg.jreg_final_norm else "") + ("_skip_first" if cfg.jreg_skip_first else "")
+        return {"val_loss": p["loss"], "psi": p[key], "zeta": p[key.replace("psi", "zeta")]}
 
     def log(record):
-        if not master:
-            return
-        with open(log_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if wandb:
-            wandb.log(record, step=record["step"])
+        if master:
+            with open(log_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            if wandb:
+                wandb.log(record, step=record["step"])
 
     # ---- the loop
     if step == 0 and cfg.eval_interval > 0:
@@ -460,57 +539,68 @@ def main(argv):
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        sums = torch.zeros(3 + mcfg.n_layer, device=device)         # loss, ce, penalty, Ψ (means over micro-steps)
-        for micro in range(grad_accum):
-            first = seq_index + (micro * world + rank) * cfg.micro_batch
-            x, y = (t.to(device, non_blocking=True) for t in train_data.batch(first, cfg.micro_batch))
+        batches = [train_data.batch(seq_index + (micro * world + rank) * cfg.micro_batch, cfg.micro_batch)
+                   for micro in range(grad_accum)]
+        # CE is normalised by the number of targets in the whole global batch, whatever the micro-batching
+        n_targets = torch.stack([(y != -1).sum() for _, y in batches]).to(device)
+        n_global = n_targets.sum()
+        if ddp:
+            dist.all_reduce(n_global)
+        sums = torch.zeros(3 + mcfg.n_layer, device=device)     # ce, penalty, loss, Ψ (means over the global batch)
+        for micro, (x, y) in enumerate(batches):
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             last = micro == grad_accum - 1
             if ddp and not cfg.fsdp:
                 train_step.require_backward_grad_sync = last          # gradients are all-reduced on the last micro-step only
             elif cfg.fsdp:
                 model.set_requires_gradient_sync(last)
             with autocast:
-                loss, ce, penalty, psi = train_step(x, y)
-            (loss / grad_accum).backward()
-            sums += torch.cat([torch.stack([loss.detach(), ce, penalty]), psi]) / grad_accum
+                ce, penalty, psi = train_step(x, y)
+            share = n_targets[micro] / n_global                       # this micro-batch's part of the global CE
+            loss = ce * share * world + cfg.jreg_lambda * penalty / grad_accum   # DDP averages over ranks
+            loss.backward()
+            sums += torch.cat([torch.stack([ce.detach() * share * world, penalty.detach() / grad_accum,
+                                            loss.detach()]), psi / grad_accum])
         seq_index += seqs_per_step
         if ddp:
             dist.all_reduce(sums, op=dist.ReduceOp.AVG)
-        if not torch.isfinite(sums[0]):
-            raise FloatingPointError(f"non-finite loss {sums[0].item()} at step {step + 1}; the last checkpoint "
-                                     f"in {cfg.out_dir} is intact")
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
+        if not (torch.isfinite(sums[2]) and torch.isfinite(grad_norm)):   # never step on non-finite numbers
+            last = list_checkpoints(cfg.out_dir)
+            fail(f"non-finite loss {sums[2].item()} or gradient norm {grad_norm.item()} at step {step + 1}; "
+                 f"nothing of this step was applied or saved. The last checkpoint is "
+                 f"{last[-1][1] if last else '(none)'}; rerun to resume from it, with a lower lr or another seed")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
 
-        loss, ce, penalty = sums[:3].tolist()
+        ce, penalty, loss = sums[:3].tolist()
         dt = time.time() - t0
         if step % cfg.log_interval == 0 or step == cfg.max_steps:
-            psi = sums[3:]
+            zeta = jump_rate(sums[3:])
             rec = {"step": step, "tokens": step * cfg.batch_tokens, "loss": loss, "ce": ce, "jreg": penalty,
-                   "zeta_L": jump_rate(psi)[-1].item(), "lr": lr, "grad_norm": grad_norm.item(),
+                   "zeta_L": zeta[-1].item() if len(zeta) else None, "lr": lr, "grad_norm": grad_norm.item(),
                    "tok_per_s": cfg.batch_tokens / dt,
                    "mfu": flops_per_step / dt / (peak * world) if peak else None,
                    "mem_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
             log(rec)
             if master:
-                print(f"step {step:6d} | loss {loss:.4f} ce {ce:.4f} jreg {penalty:.4f} ζ_L {rec['zeta_L']:.2f} | "
+                print(f"step {step:6d} | loss {loss:.4f} ce {ce:.4f} jreg {penalty:.4f} ζ_L {rec['zeta_L'] or 0:.2f} | "
                       f"lr {lr:.2e} | grad {rec['grad_norm']:.3f} | {rec['tok_per_s']:.0f} tok/s"
                       + (f" | mfu {100 * rec['mfu']:.1f}%" if rec["mfu"] else ""), flush=True)
         if cfg.eval_interval > 0 and (step % cfg.eval_interval == 0 or step == cfg.max_steps):
             ev = evaluate()
             log({"step": step, "tokens": step * cfg.batch_tokens, **ev})
             if master:
-                print(f"eval {step:6d} | val_loss {ev['val_loss']:.4f} | ζ_L {ev['zeta'][-1]:.2f} | "
+                print(f"eval {step:6d} | val_loss {ev['val_loss']:.4f} | ζ_L {(ev['zeta'] or [0])[-1]:.2f} | "
                       f"Ψ {' '.join(f'{p:.3f}' for p in ev['psi'])}", flush=True)
         stopping = torch.tensor(float(stop["signal"] is not None), device=device)
         if ddp:
             dist.all_reduce(stopping, op=dist.ReduceOp.MAX)
         if step % cfg.ckpt_interval == 0 or step == cfg.max_steps or stopping.item():
-            save_checkpoint(cfg, step, model, optimizer, seq_index, cfg.fsdp)
+            save_checkpoint(cfg, step, model, optimizer, seq_index)
         if stopping.item():
             if master:
                 print(f"stopped by signal at step {step}; checkpoint saved, rerun the same command to resume")
@@ -522,8 +612,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except (RunError, FloatingPointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    main(sys.argv[1:])
