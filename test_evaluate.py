@@ -464,29 +464,45 @@ def no_model_loading(monkeypatch):
     monkeypatch.setattr(E, "load_hf", refuse)
 
 
-@pytest.mark.parametrize("case", ["unknown_task", "missing_data", "missing_run", "empty_run", "missing_hf",
-                                  "missing_text", "missing_step", "plot_without_profile"])
+ERRORS = {   # case -> (arguments after the run folder, what the one error line names)
+    "unknown_task": (["--tasks", "arc_easy,nope"], "nope"),
+    "missing_data": (["--tasks", "race", "--data_dir", "{tmp}/none"], "none"),
+    "missing_hf": (["--hf", "{tmp}/no_model"], "no_model"),
+    "missing_text": (["--profile", "--text", "{tmp}/none.txt"], "none.txt"),
+    "missing_step": (["--step", "7"], "--step"),
+    "plot_without_profile": (["--plot", "{tmp}/plots"], "--plot"),
+    "unwritable_out": (["--out", "{tmp}/a_file/x.json"], "--out"),         # a_file is a file, not a folder
+    "unwritable_plot": (["--profile", "--text", "{tmp}/a_file", "--plot", "{tmp}/a_file"], "--plot"),
+    **{f"{option}={value}": ([option, value, "--profile", "--text", "{tmp}/a_file"], option)
+       for option, value in [("--limit", "0"), ("--limit", "-1"), ("--limit", "nan"), ("--batch_size", "0"),
+                             ("--profile_tokens", "0"), ("--seq_len", "1"), ("--analysis_tokens", "-2"),
+                             ("--step", "-1"), ("--step", "1.5")]},
+}
+
+
+@pytest.mark.parametrize("case", ERRORS)
 def test_cli_errors_before_loading(case, tmp_path, data_dir, no_model_loading):
-    run = save_run(str(tmp_path / "run"), steps=(1,))
-    argv = {"unknown_task": [run, "--tasks", "arc_easy,nope"],
-            "missing_data": [run, "--tasks", "race", "--data_dir", data_dir + "_none"],
-            "missing_run": [str(tmp_path / "nope"), "--tasks", "arc_easy", "--data_dir", data_dir],
-            "empty_run": [str(tmp_path), "--tasks", "arc_easy", "--data_dir", data_dir],
-            "missing_hf": ["--hf", str(tmp_path / "no_model"), "--tasks", "arc_easy", "--data_dir", data_dir],
-            "missing_text": [run, "--profile", "--text", str(tmp_path / "none.txt")],
-            "missing_step": [run, "--step", "7", "--tasks", "arc_easy", "--data_dir", data_dir],
-            "plot_without_profile": [run, "--tasks", "arc_easy", "--data_dir", data_dir, "--plot", str(tmp_path)]}[case]
+    """Every user error is one `error:` line naming what is wrong, before any model is loaded."""
+    (tmp_path / "a_file").write_text("the cat sat on the mat")
+    args, named = ERRORS[case]
+    argv = [save_run(str(tmp_path / "run"), steps=(1,)), "--tasks", "arc_easy", "--data_dir", data_dir]
     with pytest.raises(SystemExit) as e:
-        E.main(argv)
-    assert str(e.value.code).startswith("error: ") and "\n" not in str(e.value.code), e.value.code
+        E.main(argv + [a.format(tmp=tmp_path) for a in args])
+    msg = str(e.value.code)
+    assert msg.startswith("error: ") and named in msg and "\n" not in msg, msg
 
 
-def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "ckpt_0000005.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(SystemExit, match="error: .*ckpt_0000005.pt"):
-        E.load_run(str(run), tokenizer=TOK)
+@pytest.mark.parametrize("case", ["missing_run", "empty_run"])
+def test_cli_run_folder_errors(case, tmp_path, no_model_loading):
+    with pytest.raises(SystemExit, match=f"error: no checkpoints .* in {tmp_path}"):
+        E.main([str(tmp_path / "nope") if case == "missing_run" else str(tmp_path), "--tasks", "arc_easy"])
+
+
+def test_bad_option_in_a_subprocess_is_one_line_and_exit_1(tmp_path):
+    """What a user sees: one `error:` line naming the option, exit status 1 (argparse's own errors included)."""
+    r = subprocess.run([sys.executable, os.path.join(HERE, "evaluate.py"), str(tmp_path), "--limit", "nan"],
+                       capture_output=True, text=True, cwd=HERE)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and "--limit" in r.stderr
 
 
 def test_cli_two_runs_tasks_profiles_plots(tmp_path, data_dir, capsys):
@@ -628,36 +644,7 @@ def test_oracle_lm_evaluation_harness(tmp_path, data_dir):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# 6. reliability: options range-checked, outputs checked before loading, results kept on a late failure
-
-@pytest.mark.parametrize("option,value", [("--limit", "0"), ("--limit", "-1"), ("--limit", "nan"),
-                                          ("--batch_size", "0"), ("--profile_tokens", "0"), ("--seq_len", "0"),
-                                          ("--analysis_tokens", "-2"), ("--step", "-1")])
-def test_numeric_options_refused_with_one_line(option, value, tmp_path, data_dir, no_model_loading):
-    run = save_run(str(tmp_path / "run"), steps=(1,))
-    with pytest.raises(SystemExit) as e:
-        E.main([run, "--tasks", "arc_easy", "--data_dir", data_dir, "--profile", "--text", __file__, option, value])
-    msg = str(e.value.code)
-    assert msg.startswith("error: ") and option in msg and "\n" not in msg, msg
-
-
-def test_bad_option_in_a_subprocess_is_one_line_and_exit_1(tmp_path):
-    """What a user sees: one `error:` line naming the option, exit status 1 (argparse's own errors included)."""
-    r = subprocess.run([sys.executable, os.path.join(HERE, "evaluate.py"), str(tmp_path), "--limit", "nan"],
-                       capture_output=True, text=True, cwd=HERE)
-    assert r.returncode == 1 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and "--limit" in r.stderr
-
-
-@pytest.mark.parametrize("option", ["--out", "--plot"])
-def test_unwritable_output_refused_before_loading(option, tmp_path, data_dir, no_model_loading):
-    run = save_run(str(tmp_path / "run"), steps=(1,))
-    blocker = tmp_path / "a_file"
-    blocker.write_text("x")
-    target = str(blocker / "sub" / "x.json") if option == "--out" else str(blocker)
-    with pytest.raises(SystemExit) as e:
-        E.main([run, "--tasks", "arc_easy", "--data_dir", data_dir, "--profile", "--text", __file__, option, target])
-    assert str(e.value.code).startswith("error: ") and option in str(e.value.code)
-
+# 6. results kept on a late failure, a one-layer model, the offline task folders
 
 def test_results_written_when_a_later_model_fails(tmp_path, data_dir):
     good = save_run(str(tmp_path / "good"), steps=(3,))
