@@ -174,8 +174,7 @@ def local_task_path(task, data_dir):
     for suffix in LOCAL_FORMATS:
         if os.path.exists(path := os.path.join(data_dir, task + suffix)):
             return path
-    raise SystemExit(f"error: no data for task {task} in {data_dir} (looked for {task}, "
-                     f"{', '.join(task + s for s in LOCAL_FORMATS[1:])})")
+    raise SystemExit(f"error: no data for task {task} in {data_dir} (looked for {task}[{'|'.join(LOCAL_FORMATS[1:])}])")
 
 
 def load_task(task, data_dir=None, limit=None):
@@ -268,8 +267,7 @@ def checkpoint_path(run_dir, step=None):
     """The path of the checkpoint of `step` (default: the latest) in a run folder (train.list_checkpoints)."""
     ckpts = dict(train.list_checkpoints(run_dir))
     if not ckpts:
-        raise SystemExit(f"error: no checkpoints (ckpt_*.pt) in {run_dir}" + ("" if os.path.isdir(run_dir) else
-                                                                               ": no such folder"))
+        raise SystemExit(f"error: no checkpoints (ckpt_*.pt) in {run_dir}")
     if step is not None and step not in ckpts:
         raise SystemExit(f"error: --step {step}: no such checkpoint in {run_dir} (steps: {sorted(ckpts)})")
     return ckpts[max(ckpts) if step is None else step]
@@ -671,9 +669,8 @@ def _zeta_l(p, key="zeta"):
 
 
 def plot_profiles(profiles, out_dir, series=None):
-    """psi_profiles.png (Ψ per layer, raw and normed h_L, all models on one chart), layer_analysis.png (logit-lens
-    loss and skip-block loss increase per layer) and, given series {run: profiles of its checkpoints},
-    zeta_over_checkpoints.png (ζ_L and ζ_(L−2) against the training step). Returns the paths written."""
+    """psi_profiles.png (Ψ per layer, raw and normed h_L), layer_analysis.png (logit lens, skipped blocks) and, given
+    series {run: profiles of its checkpoints}, zeta_over_checkpoints.png (ζ_L, ζ_(L−2) against the step)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -701,7 +698,7 @@ def plot_profiles(profiles, out_dir, series=None):
         for name, points in series.items():
             steps = [pt["step"] for pt in points]
             line, = ax.plot(steps, [_zeta_l(pt) for pt in points], marker="o", label=f"{name} ζ_L")
-            ax.plot(steps, [float(_layer(pt["zeta"], pt["n_layer"] - 2, 2).replace("–", "nan")) for pt in points],
+            ax.plot(steps, [pt["zeta"][pt["n_layer"] - 4] if pt["n_layer"] >= 4 else np.nan for pt in points],
                     marker="s", ls="--", color=line.get_color(), label=f"{name} ζ_(L−2)")
         ax.set(xlabel="training step", ylabel="jump rate ζ (raw h_L)", title="the final-layer jump during pre-training")
     for file, (fig, axes) in figures.items():
@@ -772,6 +769,9 @@ def check_writable(path, option, folder=False):
 def check_args(args):
     """Everything that can be checked without a model; returns the task list."""
     args.device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = args.device.startswith("cuda")
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", args.device) or (cuda and not torch.cuda.is_available()):
+        raise SystemExit(f"error: --device {args.device}: choose cpu, mps, or cuda / cuda:N where CUDA is available")
     if not args.runs and not args.hf:
         raise SystemExit("error: give one or more run folders or --hf NAME_OR_PATH")
     if args.gguf and not args.hf:

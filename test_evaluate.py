@@ -476,7 +476,7 @@ ERRORS = {   # case -> (arguments after the run folder, what the one error line 
     **{f"{option}={value}": ([option, value, "--profile", "--text", "{tmp}/a_file"], option)
        for option, value in [("--limit", "0"), ("--limit", "-1"), ("--limit", "nan"), ("--batch_size", "0"),
                              ("--profile_tokens", "0"), ("--seq_len", "1"), ("--analysis_tokens", "-2"),
-                             ("--step", "-1"), ("--step", "1.5")]},
+                             ("--step", "-1"), ("--step", "1.5"), ("--device", "gpu"), ("--device", "cuda:x")]},
 }
 
 
