@@ -370,7 +370,8 @@ class PackedStream:
         self._epoch, self._order = None, None
 
     def window(self, k):
-        """(tokens, mask) of window k, seq_len + 1 each: its conversations, then EOT padding with mask 0."""
+        """(tokens, mask, length) of window k: seq_len + 1 tokens, its conversations (length tokens in all), then
+        EOT padding with mask 0."""
         epoch, i = divmod(k, self.per_epoch)
         if self.shuffle and self._epoch != epoch:
             self._epoch, self._order = epoch, np.random.default_rng([self.seed, 1, epoch]).permutation(self.per_epoch)
@@ -383,13 +384,16 @@ class PackedStream:
             tokens[pos:pos + n] = self.tokens[s][start:start + n]
             mask[pos:pos + n] = self.masks[s][start:start + n]
             pos += n
-        return tokens, mask
+        return tokens, mask, pos
 
     def batch(self, first, count):
-        """x, y: int64 [count, seq_len]; y = -1 (ignored) where the target is not a loss token or is padding."""
-        tokens, mask = (np.stack(a) for a in zip(*(self.window(k) for k in range(first, first + count))))
+        """x, y: int64 [count, seq_len], y = -1 (ignored) where the target is not a loss token or is padding; and
+        real: bool [count, seq_len], False on the padding (left out of Ψ)."""
+        tokens, mask, length = zip(*(self.window(k) for k in range(first, first + count)))
+        tokens, mask = np.stack(tokens), np.stack(mask)
         y = np.where(mask[:, 1:], tokens[:, 1:], -1)
-        return torch.from_numpy(tokens[:, :-1].copy()), torch.from_numpy(y)
+        real = np.arange(self.seq_len)[None, :] < np.array(length)[:, None]
+        return torch.from_numpy(tokens[:, :-1].copy()), torch.from_numpy(y), torch.from_numpy(real)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -203,24 +203,25 @@ def test_packed_stream(tmp_path):
     s = sft.PackedStream(out, "train", 200, 7, "bytes", 300)
     n = s.per_epoch
     assert n < len(train)                                # packing does pack
-    x, y = s.batch(0, 2 * n + 3)                         # two epochs and a bit
+    x, y, real = s.batch(0, 2 * n + 3)                   # two epochs and a bit
     assert x.shape == y.shape == (2 * n + 3, 200) and x.dtype == y.dtype == torch.int64
     for epoch in range(2):
         got = []
         for k in range(epoch * n, (epoch + 1) * n):
-            tokens, mask = s.window(k)
-            assert (x[k] == torch.from_numpy(tokens[:-1])).all()
+            tokens, mask, length = s.window(k)
+            assert (x[k] == torch.from_numpy(tokens[:-1])).all() and (tokens[length:] == 256).all()
+            assert real[k].tolist() == [i < length for i in range(200)]          # padding is not real
             assert (y[k] == torch.from_numpy(np.where(mask[1:], tokens[1:], -1))).all()
             got += segments(tokens.tolist(), mask.astype(int).tolist(), 256)
         assert sorted(got) == sorted(train)              # each conversation exactly once, never split
     assert int((y[:n] != -1).sum()) == sum(sum(mk) for _, mk in train)
     parts = [s.batch(0, 5), s.batch(5, 1), s.batch(6, 2 * n - 3)]
-    assert all((torch.cat([p[i] for p in parts]) == t).all() for i, t in enumerate((x, y)))
+    assert all((torch.cat([p[i] for p in parts]) == t).all() for i, t in enumerate((x, y, real)))
     s2 = sft.PackedStream(out, "train", 200, 7, "bytes", 300)
     assert all((a == b).all() for a, b in zip(s2.batch(n - 2, 4), s.batch(n - 2, 4)))
     assert not (sft.PackedStream(out, "train", 200, 8, "bytes", 300).batch(0, n)[0] == x[:n]).all()
     v = sft.PackedStream(out, "val", 200, 7, "bytes", 300)
-    assert sum((segments(*[a.tolist() for a in v.window(k)], 256) for k in range(v.per_epoch)), []) == \
+    assert sum((segments(*[a.tolist() for a in v.window(k)[:2]], 256) for k in range(v.per_epoch)), []) == \
         [(t, tuple(int(b) for b in mk)) for t, mk in val]
     with pytest.raises(SystemExit, match="error: .*more than seq_len"):
         sft.PackedStream(out, "train", 20, 7, "bytes", 300)

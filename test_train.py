@@ -1,6 +1,7 @@
 """Tests of train.py on a tiny model and a tiny shard set (byte tokens of this repository's own source code)."""
 import glob
 import json
+import math
 import os
 import signal
 import subprocess
@@ -295,7 +296,7 @@ def test_data_order_is_deterministic_disjoint_and_resumable(data_dir):
     assert [other.position(k) for k in range(10)] != first[:10]
     shard, start = first[7]
     assert np.array_equal(s.window(7), s.shards[shard][start:start + 65])
-    x, y = s.batch(3, 2)                                          # inputs and next-token targets
+    x, y, real = s.batch(3, 2)                                    # inputs and next-token targets
     assert x.shape == (2, 64) and torch.equal(x[:, 1:], y[:, :-1])
 
 
@@ -344,16 +345,62 @@ def test_compiled_training_matches_eager(data_dir, tmp_path):
     assert not any("_orig_mod" in k for k in ckpt["model"])   # the checkpoint holds the plain model
 
 
-def test_evaluate_profiles_a_training_run_like_its_own_eval(data_dir, tmp_path):
-    """train.py's eval record and evaluate.py --profile on the same validation sequences give the same Ψ and loss."""
-    import evaluate
-    _, evals = run(data_dir, tmp_path / "run", "--max_steps=6", "--eval_interval=6", "--jreg_lambda=1.0")
-    out = tmp_path / "profile.json"
-    assert evaluate.main([str(tmp_path / "run"), "--profile", "--shards", data_dir, "--seq_len=64",
-                          "--profile_tokens=1024", "--analysis_tokens=0", "--device=cpu", "--out", str(out)]) == 0
-    profile = json.load(open(out))["profile"]
-    assert profile["n_tokens"] == 4 * 4 * 64                     # eval_batches x micro_batch x seq_len
-    np.testing.assert_allclose(profile["psi"], evals[-1]["psi"], atol=1e-6)
-    np.testing.assert_allclose(profile["zeta"], evals[-1]["zeta"], atol=1e-4)
-    # the profile scores T-1 next tokens per sequence, training's eval T (its windows hold one more token)
-    assert profile["loss"] == pytest.approx(evals[-1]["val_loss"], rel=2e-3)
+# ---- fine-tuning: the same loop on packed conversations ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sft_dir(tmp_path_factory):
+    """Conversations of varied lengths (so micro-batches hold different numbers of assistant tokens), byte tokens."""
+    import sft
+    rng = np.random.default_rng(0)
+    words = lambda n: " ".join(f"w{int(x)}" for x in rng.integers(0, 99, n))  # noqa: E731
+    d = tmp_path_factory.mktemp("sft")
+    with open(d / "chats.jsonl", "w") as f:
+        for i in range(120):
+            m = [{"role": "system", "content": words(3)}] if i % 4 == 0 else []
+            for _ in range(int(rng.integers(1, 3))):
+                m += [{"role": "user", "content": words(int(rng.integers(2, 20)))},
+                      {"role": "assistant", "content": words(int(rng.integers(1, 12)))}]
+            f.write(json.dumps({"messages": m}) + "\n")
+    sft.main(["--input", str(d / "chats.jsonl"), "--out_dir", str(d / "data"), "--tokenizer", "bytes",
+              "--seq_len", "128", "--val_conversations", "16"])
+    return str(d / "data")
+
+
+SFT = ["--seq_len=128", "--batch_tokens=1024", "--lr=1e-3", "--warmup_steps=0", "--weight_decay=0.0",
+       "--eval_interval=0", "--max_steps=3", "--ckpt_interval=3"]
+
+
+@pytest.mark.parametrize("micro_batch", [1, 2])
+def test_sft_loss_is_normalised_over_the_global_batch(data_dir, sft_dir, tmp_path, micro_batch):
+    """8 sequences per step as 1 × 8, 2 × 4 or 8 × 1 (micro-batch × accumulation): the same losses and weights,
+    although the micro-batches hold different numbers of assistant tokens (no per-micro-batch mean)."""
+    common = [f"--data_dir={sft_dir}", *SFT, "--jreg_lambda=1.0"]
+    full, _ = run(data_dir, tmp_path / "full", *common, "--micro_batch=8")
+    part, _ = run(data_dir, tmp_path / "part", *common, f"--micro_batch={micro_batch}")
+    np.testing.assert_allclose([r["loss"] for r in part], [r["loss"] for r in full], rtol=1e-5)
+    a = torch.load(tmp_path / "full" / "ckpt_0000003.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "part" / "ckpt_0000003.pt", weights_only=False)["model"]
+    assert all(torch.allclose(a[k], b[k], atol=2e-6) for k in a)
+
+
+def test_sft_starts_from_a_pretraining_run_and_trains_on_assistant_tokens(data_dir, sft_dir, tmp_path):
+    run(data_dir, tmp_path / "pre", "--max_steps=2", "--eval_interval=0", "--micro_batch=4")
+    pre = torch.load(tmp_path / "pre" / "ckpt_0000002.pt", weights_only=False)["model"]
+    steps, evals = run(data_dir, tmp_path / "sft", f"--data_dir={sft_dir}", f"--init_from={tmp_path / 'pre'}@2",
+                       "--seq_len=128", "--batch_tokens=1024", "--micro_batch=4", "--epochs=2", "--warmup_ratio=0.1",
+                       "--eval_interval=100", "--n_layer=7")    # the shape comes from the initial weights, not n_layer
+    cfg = json.load(open(tmp_path / "sft" / "config.json"))
+    import sft
+    per_epoch = sft.PackedStream(sft_dir, "train", 128, 0, "bytes", 320).per_epoch
+    assert cfg["config"]["max_steps"] == math.ceil(2 * per_epoch / 8) == len(steps)
+    assert cfg["config"]["warmup_steps"] == round(0.1 * len(steps)) and cfg["model_config"]["n_layer"] == 4
+    assert evals[0]["step"] == 0 and len(evals[0]["psi"]) == 4 and steps[-1]["loss"] < steps[0]["loss"]
+    # step 0's evaluation is the pre-trained model's: the initial weights were loaded
+    model = train.Llama(train.LlamaConfig(**cfg["model_config"]))
+    model.load_state_dict(pre)
+    val = sft.PackedStream(sft_dir, "val", 128, 0, "bytes", 320)
+    x, y, real = val.batch(0, val.per_epoch)                     # all of it: fewer than eval_batches × micro_batch
+    with torch.no_grad():
+        assert evals[0]["val_loss"] == pytest.approx(model(x, y).loss.item(), rel=1e-5)
+    with pytest.raises(SystemExit, match="no checkpoint of step 5"):
+        run(data_dir, tmp_path / "sft2", f"--data_dir={sft_dir}", f"--init_from={tmp_path / 'pre'}@5", *SFT)

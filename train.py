@@ -47,9 +47,13 @@ class Config:
     dtype: str = "auto"             # auto (bf16 autocast on CUDA, fp32 elsewhere) | bfloat16 | float32
     compile: bool = True            # torch.compile the training forward (eval stays eager)
     fsdp: bool = False              # FSDP2 (fully_shard) instead of DDP: shards parameters and optimizer state
-    # data (shards written by prepare_fineweb.py)
+    # data: token shards of prepare_fineweb.py (pre-training) or conversations of sft.py (fine-tuning, packed)
     data_dir: str = "data/fineweb_edu"
     tokenizer: str = "gpt2"         # must match the shards' header
+    # fine-tuning: the weights to start from (not resumed: a new run); the model shape is theirs
+    init_from: str = ""             # "" (random init) | a run folder (its newest checkpoint) | RUN_DIR@STEP | hf:NAME_OR_DIR
+    epochs: float = 0.0             # > 0: max_steps = epochs × windows per epoch / sequences per step
+    warmup_ratio: float = 0.0       # > 0: warmup_steps = warmup_ratio × max_steps
     # model: a preset from model.PRESETS; any field set below (not None) overrides it
     model: str = "170m"
     vocab_size: int = None
@@ -159,7 +163,7 @@ def check_config(cfg):
         need(getattr(cfg, key) >= 1, key, "must be at least 1")
     for key in ("warmup_steps", "eval_interval"):
         need(getattr(cfg, key) >= 0, key, "must be 0 or more")
-    for key in ("lr", "weight_decay", "grad_clip", "jreg_lambda", "jreg_alpha"):
+    for key in ("lr", "weight_decay", "grad_clip", "jreg_lambda", "jreg_alpha", "epochs", "warmup_ratio"):
         need(math.isfinite(getattr(cfg, key)) and getattr(cfg, key) >= 0, key, "must be a finite number >= 0")
     for key in ("min_lr_ratio", "beta1", "beta2"):
         need(0 <= getattr(cfg, key) <= 1, key, "must be in [0, 1]")
@@ -173,7 +177,8 @@ def check_config(cfg):
             fail(f"config key 'device' = {cfg.device!r}: not a device (cpu, cuda, cuda:N, mps)")
         need(device.type != "cuda" or torch.cuda.is_available(), "device", "CUDA is not available here")
         need(device.type in ("cpu", "cuda", "mps"), "device", "choose cpu, cuda, cuda:N or mps")
-    model_config(cfg)
+    if not cfg.init_from:
+        model_config(cfg)
 
 
 def model_config(cfg):
@@ -241,8 +246,23 @@ class ShardStream:
         return self.shards[shard][start:start + self.seq_len + 1]
 
     def batch(self, first, count):
+        """x, y: int64 [count, seq_len] (y = x shifted by one), and None: every token is real (no padding)."""
         w = torch.from_numpy(np.stack([self.window(k) for k in range(first, first + count)]).astype(np.int64))
-        return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+        return w[:, :-1].contiguous(), w[:, 1:].contiguous(), None
+
+
+def data_streams(cfg, vocab_size, n_val):
+    """(train stream, val batches source) for cfg.data_dir: sft.py conversations are packed (sft.PackedStream),
+    prepare_fineweb.py text is cut into windows; both give batch(first, count) -> (x, y, real tokens or None)."""
+    manifest = os.path.join(cfg.data_dir, "manifest.json")
+    if os.path.isfile(manifest) and json.load(open(manifest)).get("kind") == "sft":
+        from sft import PackedStream
+        val = PackedStream(cfg.data_dir, "val", cfg.seq_len, cfg.seed, cfg.tokenizer, vocab_size)
+        return (PackedStream(cfg.data_dir, "train", cfg.seq_len, cfg.seed, cfg.tokenizer, vocab_size),
+                val.batch(0, min(n_val, val.per_epoch)))
+    windows = val_windows(cfg.data_dir, cfg.tokenizer, vocab_size, cfg.seq_len, n_val)
+    return (ShardStream(cfg.data_dir, "train", cfg.seq_len, cfg.seed, cfg.tokenizer, vocab_size),
+            (windows[:, :-1], windows[:, 1:], None))
 
 
 def val_windows(data_dir, tokenizer, vocab_size, seq_len, n):
@@ -266,13 +286,13 @@ class JregObjective(nn.Module):
         self.register_buffer("weights", layer_weights(model.config.n_layer, cfg.jreg_alpha, cfg.jreg_weighting),
                              persistent=False)
 
-    def forward(self, x, y):
+    def forward(self, x, y, real=None):
         cfg = self.cfg
         out = self.model(x, y)
         hs = streams(out, cfg.jreg_final_norm)
         if cfg.jreg_lambda == 0:                      # the baseline: Ψ only for the log, outside autograd
             hs = [h.detach() for h in hs]
-        psi = displacement(hs, skip_first=cfg.jreg_skip_first)
+        psi = displacement(hs, mask=real, skip_first=cfg.jreg_skip_first)       # real: padding left out
         return out.loss, (self.weights * psi).sum(), psi.detach()
 
 
@@ -345,6 +365,21 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index):
         os.remove(old)
 
 
+def init_weights(spec):
+    """(state dict, model config) of the weights a fine-tuning run starts from: RUN_DIR, RUN_DIR@STEP or hf:NAME."""
+    if spec.startswith("hf:"):
+        from transformers import AutoModelForCausalLM
+        hf = Llama.from_hf(AutoModelForCausalLM.from_pretrained(spec[3:], dtype=torch.float32))
+        return hf.state_dict(), hf.config
+    run_dir, _, step = spec.partition("@")
+    ckpts = dict(list_checkpoints(run_dir))
+    if not ckpts or (step and int(step) not in ckpts):
+        fail(f"init_from {spec!r}: no checkpoint{' of step ' + step if step else ''} in {run_dir!r}"
+             + (f" (steps {sorted(ckpts)})" if ckpts else ""))
+    ckpt = load_checkpoint(ckpts[int(step) if step else max(ckpts)])
+    return ckpt["model"], LlamaConfig(**ckpt["model_config"])
+
+
 def restore(ckpt, model, optimizer, fsdp):
     if fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
@@ -378,12 +413,12 @@ def lock_run(out_dir):
     return f
 
 
-def check_resume(cfg, ckpt, path):
+def check_resume(cfg, mcfg, ckpt, path):
     """The settings of a resumed run must be the checkpoint's, except the RESUMABLE ones: {key: [old, new]}."""
     old, new = ckpt["config"], dataclasses.asdict(cfg)
     changed = {k: [old.get(k), v] for k, v in new.items() if old.get(k, v) != v}
     wrong = {k: c for k, c in changed.items() if k not in RESUMABLE and k != "out_dir"}
-    if ckpt.get("model_config") != dataclasses.asdict(model_config(cfg)):
+    if ckpt.get("model_config") != dataclasses.asdict(mcfg):
         fail(f"checkpoint {path} is of another model: use another out_dir or the same model")
     if wrong:
         fail(f"{cfg.out_dir} holds a run with other settings; resuming needs the same ones "
@@ -442,14 +477,19 @@ def main(argv):
     bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
 
-    # ---- data, checked before anything is written
-    mcfg = model_config(cfg)
-    train_data = ShardStream(cfg.data_dir, "train", cfg.seq_len, cfg.seed, cfg.tokenizer, mcfg.vocab_size)
-    windows = val_windows(cfg.data_dir, cfg.tokenizer, mcfg.vocab_size, cfg.seq_len, cfg.eval_batches * cfg.micro_batch)
-    windows = windows[:len(windows) // world * world][rank::world]
-    if cfg.eval_interval and len(windows) == 0:
-        fail(f"{cfg.data_dir}: the val shards hold fewer than {world} windows of {cfg.seq_len + 1} tokens")
-    val_data = [(w[:, :-1], w[:, 1:]) for w in windows.split(cfg.micro_batch)]
+    # ---- weights to start from (fine-tuning) and data, checked before anything is written
+    init_sd, mcfg = init_weights(cfg.init_from) if cfg.init_from else (None, model_config(cfg))
+    mcfg = dataclasses.replace(mcfg, max_seq_len=max(mcfg.max_seq_len, cfg.seq_len))
+    train_data, (vx, vy, vreal) = data_streams(cfg, mcfg.vocab_size, cfg.eval_batches * cfg.micro_batch)
+    n_val = len(vx) // world * world
+    if cfg.eval_interval and n_val == 0:
+        fail(f"{cfg.data_dir}: the val split holds fewer than {world} windows of {cfg.seq_len + 1} tokens")
+    part = lambda t, i: None if t is None else t[:n_val][rank::world][i:i + cfg.micro_batch]   # strided over ranks
+    val_data = [tuple(part(t, i) for t in (vx, vy, vreal)) for i in range(0, n_val // world, cfg.micro_batch)]
+    if cfg.epochs:
+        cfg.max_steps = max(1, math.ceil(cfg.epochs * train_data.per_epoch / seqs_per_step))
+    if cfg.warmup_ratio:
+        cfg.warmup_steps = round(cfg.warmup_ratio * cfg.max_steps)
 
     # ---- the run folder: locked, then resumed from its newest checkpoint if it has one
     lock = lock_run(cfg.out_dir) if master else None
@@ -457,10 +497,13 @@ def main(argv):
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     ckpts = list_checkpoints(cfg.out_dir)
     ckpt = load_checkpoint(ckpts[-1][1]) if ckpts else None
-    changed = check_resume(cfg, ckpt, ckpts[-1][1]) if ckpt else {}
+    changed = check_resume(cfg, mcfg, ckpt, ckpts[-1][1]) if ckpt else {}
 
     with torch.device(device):                          # built in place: no full CPU copy per rank
         model = Llama(mcfg)
+    if init_sd is not None and not ckpt:
+        model.load_state_dict(init_sd)
+    del init_sd
     if cfg.fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
@@ -514,11 +557,11 @@ def main(argv):
         model.eval()
         profile = Profile()
         with torch.no_grad(), autocast:
-            for x, y in val_data:
-                x, y = x.to(device), y.to(device)
+            for x, y, real in val_data:
+                x, y, real = x.to(device), y.to(device), real if real is None else real.to(device)
                 out = model(x, y)
                 n = (y != -1).sum()
-                profile.add(out.hidden_states, out.final_hidden, loss_sum=out.loss.float() * n, n_loss=n)
+                profile.add(out.hidden_states, out.final_hidden, mask=real, loss_sum=out.loss.float() * n, n_loss=n)
         model.train()
         p = profile.result(dist.all_reduce if ddp else None)
         key = "psi" + ("_normed" if cfg.jreg_final_norm else "") + ("_skip_first" if cfg.jreg_skip_first else "")
@@ -541,26 +584,29 @@ def main(argv):
             group["lr"] = lr
         batches = [train_data.batch(seq_index + (micro * world + rank) * cfg.micro_batch, cfg.micro_batch)
                    for micro in range(grad_accum)]
-        # CE is normalised by the number of targets in the whole global batch, whatever the micro-batching
-        n_targets = torch.stack([(y != -1).sum() for _, y in batches]).to(device)
-        n_global = n_targets.sum()
+        # CE and Ψ are means over the whole global batch (its targets, its real tokens), whatever the micro-batching
+        counts = torch.stack([torch.stack([(y != -1).sum(), (torch.ones_like(x, dtype=torch.bool) if real is None
+                              else real)[:, int(cfg.jreg_skip_first):].sum()]) for x, y, real in batches]).to(device)
+        totals = counts.sum(0)
         if ddp:
-            dist.all_reduce(n_global)
+            dist.all_reduce(totals)
+        shares = counts * world / totals                              # × world: DDP averages gradients over ranks
         sums = torch.zeros(3 + mcfg.n_layer, device=device)     # ce, penalty, loss, Ψ (means over the global batch)
-        for micro, (x, y) in enumerate(batches):
+        for micro, (x, y, real) in enumerate(batches):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            real = real if real is None else real.to(device, non_blocking=True)
             last = micro == grad_accum - 1
             if ddp and not cfg.fsdp:
                 train_step.require_backward_grad_sync = last          # gradients are all-reduced on the last micro-step only
             elif cfg.fsdp:
                 model.set_requires_gradient_sync(last)
             with autocast:
-                ce, penalty, psi = train_step(x, y)
-            share = n_targets[micro] / n_global                       # this micro-batch's part of the global CE
-            loss = ce * share * world + cfg.jreg_lambda * penalty / grad_accum   # DDP averages over ranks
+                ce, penalty, psi = train_step(x, y, real)
+            ce_share, psi_share = shares[micro]
+            loss = ce * ce_share + cfg.jreg_lambda * penalty * psi_share
             loss.backward()
-            sums += torch.cat([torch.stack([ce.detach() * share * world, penalty.detach() / grad_accum,
-                                            loss.detach()]), psi / grad_accum])
+            sums += torch.cat([torch.stack([ce.detach() * ce_share, penalty.detach() * psi_share, loss.detach()]),
+                               psi * psi_share])
         seq_index += seqs_per_step
         if ddp:
             dist.all_reduce(sums, op=dist.ReduceOp.AVG)
