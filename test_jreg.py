@@ -240,7 +240,7 @@ def test_penalty_gradient_reaches_every_block_and_lambda_zero_is_baseline():
 
 # ---- Hugging Face parity ------------------------------------------------------------------------------------
 
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402  (requirements-dev.txt: a missing package fails, never skips)
 
 
 def hf_llama(tied, n_kv_head=2, seed=0):
@@ -310,13 +310,8 @@ def test_compiled_forward_matches_eager():
     torch.manual_seed(0)
     model = Llama(tiny_config(n_layer=2))
     idx = torch.randint(0, 97, (2, 16))
-    try:
-        compiled = torch.compile(model, fullgraph=True)           # fullgraph: any graph break is an error
-        out_c = compiled(idx, idx)
-    except Exception as e:                                        # pragma: no cover - platform without a compiler
-        if "graph break" in str(e).lower() or "Unsupported" in type(e).__name__:
-            raise
-        pytest.skip(f"torch.compile unavailable on this platform: {type(e).__name__}: {str(e)[:200]}")
+    compiled = torch.compile(model, fullgraph=True)               # fullgraph: any graph break is an error
+    out_c = compiled(idx, idx)                                    # needs a C compiler (CI has gcc): fails, never skips
     out_e = model(idx, idx)
     assert torch.allclose(out_c.logits, out_e.logits, atol=1e-5)
     assert torch.allclose(out_c.loss, out_e.loss, atol=1e-6)

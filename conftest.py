@@ -1,0 +1,19 @@
+"""Test-suite policy: a skipped test is a check that did not run, so it fails the run unless the test is marked
+`@pytest.mark.allow_skip` (for a reason the README names, e.g. needing a GPU). A missing package of
+requirements-dev.txt therefore fails the suite instead of quietly switching a check off."""
+import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "allow_skip: this test may skip (e.g. it needs a GPU)")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = [r for r in (reporter.stats.get("skipped", []) if reporter else [])
+               if "allow_skip" not in getattr(r, "keywords", {})]
+    if skipped and exitstatus == pytest.ExitCode.OK:
+        reporter.write_line(f"FAILED: {len(skipped)} test(s) skipped without @pytest.mark.allow_skip:", red=True)
+        for r in skipped:
+            reporter.write_line(f"  {r.nodeid}: {r.longrepr[-1] if isinstance(r.longrepr, tuple) else r.longrepr}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
