@@ -492,7 +492,7 @@ def main(argv):
         cfg.warmup_steps = round(cfg.warmup_ratio * cfg.max_steps)
 
     # ---- the run folder: locked, then resumed from its newest checkpoint if it has one
-    lock = lock_run(cfg.out_dir) if master else None
+    lock = lock_run(cfg.out_dir) if master else None   # held until this process ends
     if ddp:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     ckpts = list_checkpoints(cfg.out_dir)
@@ -524,7 +524,8 @@ def main(argv):
     log_path = os.path.join(cfg.out_dir, "log.jsonl")
     if master:
         info = run_info(device)
-        old = json.load(open(os.path.join(cfg.out_dir, "config.json"))) if step else {}
+        saved = os.path.join(cfg.out_dir, "config.json")
+        old = json.load(open(saved)) if step and os.path.exists(saved) else {}
         history = old.get("history", []) + [{"step": step, "changed": changed, "argv": info["argv"], "time": info["time"]}]
         write_atomic(os.path.join(cfg.out_dir, "config.json"), json.dumps(
             {"config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg), "history": history}, indent=2))
@@ -532,7 +533,7 @@ def main(argv):
         kept = read_log(log_path, step) if step else []   # records past the checkpoint are redone
         write_atomic(log_path, "".join(json.dumps(r) + "\n" for r in kept))
         print(("resuming from " + ckpts[-1][1] + f" at step {step}" + (f", changed: {changed}" if changed else "") + "\n"
-               if step else "") + f"model {cfg.model}: {model.num_params() / 1e6:.1f}M parameters, {mcfg.n_layer} layers"
+               if step else "") + f"model {cfg.init_from or cfg.model}: {model.num_params() / 1e6:.1f}M parameters, {mcfg.n_layer} layers"
               f" | world {world} | grad_accum {grad_accum} | device {device} {'bf16' if bf16 else 'fp32'} | "
               f"jreg λ={cfg.jreg_lambda} α={cfg.jreg_alpha} {cfg.jreg_weighting}")
     wandb = None
