@@ -59,6 +59,9 @@ def main():
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--no_hf", action="store_true", help="skip the transformers comparison")
     args = p.parse_args()
+    for name, low in (("micro_batch", 1), ("seq_len", 1), ("repeats", 1), ("warmup", 0), ("vocab_size", 1)):
+        if getattr(args, name) is not None and getattr(args, name) < low:
+            raise SystemExit(f"error: --{name} must be at least {low}, got {getattr(args, name)}")
     device = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = True
     mcfg = PRESETS[args.preset]
@@ -87,7 +90,10 @@ def main():
         model = Llama(mcfg).to(device)
         obj = JregObjective(model, Config(jreg_lambda=lam, jreg_alpha=1.0)).to(device)
         run = torch.compile(obj) if args.compile else obj
-        return model, lambda a, b: run(a, b)[0]
+        def loss(a, b):
+            ce, penalty, _ = run(a, b)
+            return ce + lam * penalty                                   # as train.py's loop, one micro-batch
+        return model, loss
 
     print(f"{args.preset}: {mcfg.n_layer} layers, d={mcfg.d_model}, vocab {mcfg.vocab_size} | batch "
           f"{args.micro_batch}x{args.seq_len} | {device} {args.dtype} | compile={args.compile} | torch {torch.__version__}")
