@@ -1,0 +1,6 @@
+# The KJV JREG model (λ = 1, α = 1) fine-tuned like the baseline, JREG kept on
+include("sft_kjv.py")
+init_from = "out/kjv/jreg_a1"
+out_dir = "out/kjv/sft_jreg_a1"
+jreg_lambda = 1.0
+jreg_alpha = 1.0
