@@ -1,7 +1,7 @@
 """
-Zero-shot tasks scored exactly as lm-evaluation-harness scores them, and layer profiles (Ψ, ζ, logit lens, skipped
-blocks), for our checkpoints and for any Hugging Face causal LM. Options, output schema, numbers: README, "Evaluation".
-A user error (bad option, missing file, unreadable checkpoint) is one `error:` line and exit status 1.
+Zero-shot tasks scored exactly as lm-evaluation-harness scores them (also read out at every layer: early exit), and
+layer profiles (Ψ, ζ, logit lens, skipped blocks), for our checkpoints and for any Hugging Face causal LM. Options,
+output schema, numbers: README, "Evaluation". A user error (bad option, missing file, unreadable checkpoint) is one `error:` line and exit status 1.
 
     python evaluate.py out/base                                       # the paper's nine tasks, latest checkpoint
     python evaluate.py out/base out/jreg --limit 500 --out cmp.json   # one table, a column per model, Δ = 2nd − 1st
@@ -9,6 +9,8 @@ A user error (bad option, missing file, unreadable checkpoint) is one `error:` l
     python evaluate.py --hf DIR --gguf model.gguf --data_dir tasks_offline --limit 200   # offline_tasks.py builds DIR
     python evaluate.py out/base out/jreg --profile --plot plots/      # Ψ profiles on the runs' validation windows
     python evaluate.py out/base --profile --all_ckpts --plot plots/   # ζ_L over training
+    python evaluate.py out/base out/jreg --tasks piqa,sciq --exit_layers all --plot plots/   # early exit at every layer
+    python evaluate.py out/sft_base --profile                         # a fine-tuning run: its val conversations
 """
 import argparse
 import ast
@@ -285,15 +287,17 @@ def load_run(run_dir, step=None, device="cpu", dtype=torch.float32, tokenizer=No
     return model.to(device=device, dtype=dtype).eval(), tokenizer or get_tokenizer(config.get("tokenizer", "gpt2")), meta
 
 
-def load_hf(name_or_path, gguf_file=None, device="cpu", dtype=torch.float32):
-    """A transformers causal LM and its tokenizer; gguf_file is passed to both from_pretrained calls."""
+def load_hf(name_or_path, gguf_file=None, device="cpu", dtype=torch.float32, revision=None):
+    """A transformers causal LM and its tokenizer; gguf_file and revision (a hub branch, tag or commit, e.g. Pythia's
+    "step1000") are passed to both from_pretrained calls."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    kwargs = {k: v for k, v in (("gguf_file", gguf_file), ("revision", revision)) if v}
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
     except Exception as e:
-        raise SystemExit(f"error: could not load Hugging Face model {name_or_path}: {_first_line(e)}") from e
+        at = f"@{revision}" if revision else ""
+        raise SystemExit(f"error: could not load Hugging Face model {name_or_path}{at}: {_first_line(e)}") from e
     return model.to(device).eval(), tokenizer
 
 
@@ -323,9 +327,10 @@ def encode_pair(lm, context, continuation):
     return ctx, lm.encode(context + continuation)[len(ctx):]
 
 
-def score_requests(lm, requests, batch_size=16, progress=False, desc="requests"):
-    """[(context, continuation)] -> [(summed log-probability, is_greedy)], in the order given. A continuation that
-    encodes to no tokens (a token spans the join) is an error, as the harness's assertion is."""
+def score_requests(lm, requests, batch_size=16, progress=False, desc="requests", exits=None):
+    """[(context, continuation)] -> [(summed log-probability, is_greedy)] in the order given (with exits, a list of them
+    per request: score_tokens). A continuation that encodes to no tokens (a token spans the join) is an error, as the
+    harness's assertion is."""
     encoded = []
     for context, continuation in requests:
         ctx, cont = encode_pair(lm, context, continuation)
@@ -333,16 +338,26 @@ def score_requests(lm, requests, batch_size=16, progress=False, desc="requests")
             raise SystemExit(f"error: continuation {continuation!r} encodes to no tokens after context "
                              f"...{context[-40:]!r} (a token spans the join; the harness fails here too)")
         encoded.append((ctx, cont))
-    return score_tokens(lm, encoded, batch_size, progress, desc)
+    return score_tokens(lm, encoded, batch_size, progress, desc, exits)
+
+
+def _score(logits, cont):
+    """(summed fp32 log-probability of the tokens cont, whether each is the argmax) from their rows of logits."""
+    logprobs = F.log_softmax(logits.float(), dim=-1)
+    target = torch.tensor(cont, device=logprobs.device)
+    return logprobs.gather(-1, target[:, None]).sum().item(), bool((logprobs.argmax(-1) == target).all())
 
 
 @torch.no_grad()
-def score_tokens(lm, encoded, batch_size=16, progress=False, desc="requests"):
+def score_tokens(lm, encoded, batch_size=16, progress=False, desc="requests", exits=None):
     """[(context tokens, continuation tokens)] -> [(summed log-probability, is_greedy)]. A request's input is
     (context + continuation)[-(max_length + 1):][:-1]; its score, the fp32 log-softmax of the last len(continuation)
     positions gathered and summed; is_greedy: every argmax is the continuation's token. Requests with the same input
     (BoolQ's " yes" / " no") share one forward, like the harness's one-token cache. Inputs are sorted longest first
-    and right-padded with token 0, batch_size per forward."""
+    and right-padded with token 0, batch_size per forward.
+    exits: layers to read the model out at (None or L: its own logits; l < L: head(norm(h_l)), the logit lens, at the
+    continuation's positions only); each result is then a list of (log-probability, is_greedy), one per exit, all
+    from the one forward of each batch (forward_streams)."""
     inputs = {}                                           # model input -> [(request index, continuation)]
     for i, (ctx, cont) in enumerate(encoded):
         if len(cont) > lm.max_length:
@@ -353,14 +368,27 @@ def score_tokens(lm, encoded, batch_size=16, progress=False, desc="requests"):
     bar = tqdm(total=len(encoded), desc=desc, disable=not progress)
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
-        logits = lm.logits(pad_sequence([torch.tensor(x) for x in chunk], batch_first=True))     # right-padded with 0
-        for row, x in enumerate(chunk):
-            for i, cont in inputs[x]:
-                logprobs = F.log_softmax(logits[row, len(x) - len(cont):len(x)].float(), dim=-1)
-                target = torch.tensor(cont, device=logprobs.device)
-                ll = logprobs.gather(-1, target[:, None]).sum().item()
-                results[i] = (ll, bool((logprobs.argmax(-1) == target).all()))
-                bar.update(1)
+        tokens = pad_sequence([torch.tensor(x) for x in chunk], batch_first=True)        # right-padded with 0
+        reqs = [(i, cont, row, len(x) - len(cont), len(x)) for row, x in enumerate(chunk) for i, cont in inputs[x]]
+        if exits is None:
+            logits = lm.logits(tokens)
+            for i, cont, row, a, b in reqs:
+                results[i] = _score(logits[row, a:b], cont)
+            bar.update(len(reqs))
+            continue
+        logits, hidden, _ = forward_streams(lm.model, tokens.to(lm.device))
+        rows = torch.tensor([row for _, _, row, a, b in reqs for _ in range(a, b)], device=logits.device)
+        pos = torch.tensor([p for *_, a, b in reqs for p in range(a, b)], device=logits.device)
+        per_exit = []
+        for l in exits:
+            if l is None or l == len(hidden) - 1:
+                per_exit.append([_score(logits[row, a:b], cont) for _, cont, row, a, b in reqs])
+            else:
+                lens = readout(lm.model, hidden[l][rows, pos]).split([b - a for *_, a, b in reqs])
+                per_exit.append([_score(lg, cont) for lg, (_, cont, *_) in zip(lens, reqs)])
+        for k, (i, *_) in enumerate(reqs):
+            results[i] = [scores[k] for scores in per_exit]
+        bar.update(len(reqs))
     bar.close()
     return results
 
@@ -377,17 +405,19 @@ def rolling_windows(tokens, prefix_token, max_length):
     return windows
 
 
-def score_rolling(lm, texts, batch_size=16, progress=False, desc="rolling"):
-    """[text] -> [summed log-probability of every token of the text], each text scored on its own."""
+def score_rolling(lm, texts, batch_size=16, progress=False, desc="rolling", exits=None):
+    """[text] -> [summed log-probability of every token of the text] (with exits: a list, one per exit), each text
+    scored on its own."""
     windows, owner = [], []
     for d, text in enumerate(texts):
         for w in rolling_windows(lm.encode(text), lm.prefix_token, lm.max_length):
             windows.append(w)
             owner.append(d)
-    totals = [0.0] * len(texts)
-    for d, (ll, _) in zip(owner, score_tokens(lm, windows, batch_size, progress, desc)):
-        totals[d] += ll
-    return totals
+    totals = [[0.0] * len(exits or [None]) for _ in texts]
+    for d, scores in zip(owner, score_tokens(lm, windows, batch_size, progress, desc, exits)):
+        for k, (ll, _) in enumerate(scores if exits else [scores]):
+            totals[d][k] += ll
+    return totals if exits else [t[0] for t in totals]
 
 
 # ==========================================================================================================
@@ -409,49 +439,66 @@ def mean_stderr(values):
 
 
 def evaluate_tasks(lm, tasks, data_dir=None, limit=None, batch_size=16, log_samples=False, progress=True,
-                   task_data=None, on_task=None):
+                   task_data=None, on_task=None, exits=None):
     """Score `lm` on `tasks`: {"results": {task: metrics}, "average": {...}, "samples": {...} (log_samples)}.
     task_data: {task: TaskData} already loaded (several models share one load); on_task(partial output) is called
-    after each task (the command line writes --out there)."""
+    after each task (the command line writes --out there). exits: layers at which the model is read out as well, in
+    the same forwards (score_tokens): adds "early_exit": [{"layer", "results", "average"}] and "chance" (the
+    expected acc of a uniform guess per multiple-choice task; LAMBADA 0)."""
     out = {"results": {}, "average": None, **({"samples": {}} if log_samples else {})}
+    if exits:
+        out.update(early_exit=[{"layer": l, "results": {}, "average": None} for l in exits], chance={})
+    views = [None] + list(exits) if exits else None       # None: the model's own logits (the normal evaluation)
     for task in parse_tasks(tasks):
         data = (task_data or {}).get(task) or load_task(task, data_dir, limit)
         spec, docs = TASKS[task], data.built
-        if spec.metrics is ROLLING:
+        if spec.metrics is ROLLING:                       # scores[doc][request][view] = (ll, is_greedy)
             texts = [d["continuations"][0] for d in docs]
-            scores = [[(ll, None)] for ll in score_rolling(lm, texts, batch_size, progress, task)]
+            scores = [[[(ll, None) for ll in (lls if views else [lls])]]
+                      for lls in score_rolling(lm, texts, batch_size, progress, task, views)]
         else:
             flat = iter(score_requests(lm, [(d["context"], c) for d in docs for c in d["continuations"]], batch_size,
-                                       progress, task))
-            scores = [[next(flat) for _ in d["continuations"]] for d in docs]
-        per_doc, samples = [], []
-        for i, (doc, doc_scores) in enumerate(zip(docs, scores)):
-            lls, greedy = [s[0] for s in doc_scores], [s[1] for s in doc_scores]
-            metrics = (mc_metrics(lls, doc["choices"], doc["gold"]) if doc["choices"] is not None
-                       else {"acc": float(greedy[0])} if spec.metrics is LAMBADA else {})   # LAMBADA: all greedy
-            per_doc.append({**metrics, "ll": lls[0]})
-            if log_samples:
-                samples.append({"doc_index": i, "requests": [[c] if doc["context"] is None else [doc["context"], c]
-                                for c in doc["continuations"]], "loglikelihoods": lls, "is_greedy": greedy,
-                                "gold": doc["gold"], **metrics})
-        result = {"n": len(docs), "split": data.split, "source": data.source}
-        for m in ("acc", "acc_norm"):
-            if m in spec.metrics:
-                result[m], result[m + "_stderr"] = mean_stderr([r[m] for r in per_doc])
-        total = sum(r["ll"] for r in per_doc)
-        if "perplexity" in spec.metrics:                  # per word: exp(-mean of the target words' ll)
-            result["perplexity"] = math.exp(-total / len(docs))
-        if spec.metrics is ROLLING:                       # summed over documents, counted on the raw pages
-            words, n_bytes = sum(d["words"] for d in docs), sum(d["bytes"] for d in docs)
-            result.update(word_perplexity=math.exp(-total / words), byte_perplexity=math.exp(-total / n_bytes),
-                          bits_per_byte=-total / n_bytes / math.log(2))
-        out["results"][task] = result
+                                       progress, task, views))
+            scores = [[next(flat) if views else [next(flat)] for _ in d["continuations"]] for d in docs]
+        out["results"][task], samples = task_metrics(task, data, [[r[0] for r in d] for d in scores], log_samples)
         out["average"] = average(out["results"])
         if log_samples:
             out["samples"][task] = samples
+        for k, row in enumerate(out.get("early_exit", []), start=1):
+            result, _ = task_metrics(task, data, [[r[k] for r in d] for d in scores])
+            row["results"][task] = {m: v for m, v in result.items() if m not in ("split", "source")}
+            row["average"] = average(row["results"])
+        if exits and spec.metrics is not ROLLING:
+            out["chance"][task] = float(np.mean([1 / len(d["choices"]) if d["choices"] else 0.0 for d in docs]))
         if on_task:
             on_task(out)
     return out
+
+
+def task_metrics(task, data, scores, log_samples=False):
+    """(metrics, samples) of one task from scores[doc][request] = (summed log-likelihood, is_greedy)."""
+    spec, docs, per_doc, samples = TASKS[task], data.built, [], []
+    for i, (doc, doc_scores) in enumerate(zip(docs, scores)):
+        lls, greedy = [s[0] for s in doc_scores], [s[1] for s in doc_scores]
+        metrics = (mc_metrics(lls, doc["choices"], doc["gold"]) if doc["choices"] is not None
+                   else {"acc": float(greedy[0])} if spec.metrics is LAMBADA else {})       # LAMBADA: all greedy
+        per_doc.append({**metrics, "ll": lls[0]})
+        if log_samples:
+            samples.append({"doc_index": i, "requests": [[c] if doc["context"] is None else [doc["context"], c]
+                            for c in doc["continuations"]], "loglikelihoods": lls, "is_greedy": greedy,
+                            "gold": doc["gold"], **metrics})
+    result = {"n": len(docs), "split": data.split, "source": data.source}
+    for m in ("acc", "acc_norm"):
+        if m in spec.metrics:
+            result[m], result[m + "_stderr"] = mean_stderr([r[m] for r in per_doc])
+    total = sum(r["ll"] for r in per_doc)
+    if "perplexity" in spec.metrics:                      # per word: exp(-mean of the target words' ll)
+        result["perplexity"] = math.exp(-total / len(docs))
+    if spec.metrics is ROLLING:                           # summed over documents, counted on the raw pages
+        words, n_bytes = sum(d["words"] for d in docs), sum(d["bytes"] for d in docs)
+        result.update(word_perplexity=math.exp(-total / words), byte_perplexity=math.exp(-total / n_bytes),
+                      bits_per_byte=-total / n_bytes / math.log(2))
+    return result, samples
 
 
 def average(results):
@@ -533,21 +580,30 @@ def loss_sum(logits, targets, valid):
 def profile_model(model, windows, analysis_tokens=None, progress=False):
     """The layer profile of `model` (our Llama, or a transformers causal LM through hooks) over `windows`.
 
-    windows: iterable of LongTensor [B, T + 1], or (windows, mask) with mask True on real tokens (right padding).
-    The model reads w[:, :-1] and is scored on w[:, 1:], as train.py's eval. Ψ, ζ and the loss: jreg.Profile,
-    token-weighted over all batches (psi: Ψ_1..Ψ_L, zeta: ζ_2..ζ_L, empty for one layer). On the first
-    `analysis_tokens` tokens (whole batches; None: all; 0: none): logit_lens_loss (h_0..h_L) and
-    skip_block_loss_increase (blocks 1..L: the loss with that block's update removed, minus the loss)."""
+    windows: iterable of LongTensor [B, T + 1], or (windows, mask) with mask True on real tokens (right padding):
+    the model reads w[:, :-1] and is scored on w[:, 1:], as train.py's eval; or (x, y, real) of sft.PackedStream:
+    Ψ over the real tokens and the loss over the targets y != -1, as train.py's eval of a fine-tuning run, plus
+    "assistant": the profile over the positions whose next token is a loss target (the assistant's answers).
+    Ψ, ζ and the loss: jreg.Profile, token-weighted over all batches (psi: Ψ_1..Ψ_L, zeta: ζ_2..ζ_L, empty for one
+    layer). On the first `analysis_tokens` scored tokens (whole batches; None: all; 0: none): logit_lens_loss
+    (h_0..h_L) and skip_block_loss_increase (blocks 1..L: the loss with that block's update removed, minus the loss)."""
     model.eval()
     device = next(model.parameters()).device
-    profile, sums, an_tokens = jreg.Profile(), None, 0      # sums: loss, tokens, lens h_0..h_L, skipped blocks 1..L
+    profile, assistant, sums, an_tokens = jreg.Profile(), jreg.Profile(), None, 0   # sums: loss, tokens, lens, skips
     for batch in tqdm(windows, desc="profile", disable=not progress):
-        w, mask = batch if isinstance(batch, (tuple, list)) else (batch, torch.ones_like(batch, dtype=torch.bool))
-        w, mask = w.to(device), mask.to(device).bool()
-        x, y, valid = w[:, :-1], w[:, 1:], mask[:, :-1] & mask[:, 1:]     # the positions read that have a target
+        if isinstance(batch, (tuple, list)) and len(batch) == 3:          # packed conversations
+            x, y, real = (t.to(device) for t in batch)
+            psi_mask, valid, y = real.bool(), y != -1, y.clamp(min=0)
+        else:
+            w, mask = batch if isinstance(batch, (tuple, list)) else (batch, torch.ones_like(batch, dtype=torch.bool))
+            w, mask = w.to(device), mask.to(device).bool()
+            x, y, valid = w[:, :-1], w[:, 1:], mask[:, :-1] & mask[:, 1:]     # the positions read that have a target
+            psi_mask = valid
         logits, hidden, final_hidden = forward_streams(model, x)
         loss = loss_sum(logits, y, valid)
-        profile.add(hidden, final_hidden, mask=valid, loss_sum=loss, n_loss=valid.sum())
+        profile.add(hidden, final_hidden, mask=psi_mask, loss_sum=loss, n_loss=valid.sum())
+        if psi_mask is not valid:
+            assistant.add(hidden, final_hidden, mask=valid, loss_sum=loss, n_loss=valid.sum())
         if analysis_tokens is None or an_tokens < analysis_tokens:
             an_tokens += int(valid.sum())
             per_layer = [loss_sum(readout(model, h), y, valid) for h in hidden]
@@ -557,6 +613,8 @@ def profile_model(model, windows, analysis_tokens=None, progress=False):
     if profile.sums is None:
         raise SystemExit("error: no tokens to profile")
     out = profile.result()
+    if assistant.sums is not None:
+        out["assistant"] = assistant.result()
     if sums is not None:
         L, n, base = out["n_layer"], sums[1], sums[0] / sums[1]
         out.update(analysis_tokens=int(n), analysis_loss=float(base), logit_lens_loss=(sums[2:3 + L] / n).tolist(),
@@ -638,6 +696,21 @@ def results_table(models):
     return "\n".join(lines)
 
 
+def early_exit_table(name, entry):
+    """A row per exit layer: acc / acc_norm of each task read out at that layer, and the averages; then chance."""
+    tasks, chance = list(entry["results"]), entry["chance"]
+    num = lambda v: "–" if v is None else f"{v:.3f}"                                      # noqa: E731
+    lines = [f"**{name}**: early exit, h_l read through the final norm and the LM head (acc / acc_norm)", "",
+             "| exit layer | " + " | ".join(tasks) + " | average acc | average acc_norm |",
+             "|---" * (len(tasks) + 3) + "|"]
+    for row in entry["early_exit"]:
+        cells = [" / ".join(num(r[m]) for m in ("acc", "acc_norm") if m in r) or "–" for r in row["results"].values()]
+        lines.append(f"| {row['layer']} | " + " | ".join(cells) + f" | {num(row['average']['acc'])} | "
+                     f"{num(row['average']['acc_norm'])} |")
+    avg = np.mean(list(chance.values())) if chance else None
+    return "\n".join(lines + ["| chance | " + " | ".join(num(chance.get(t)) for t in tasks) + f" | {num(avg)} | |"])
+
+
 def _layer(values, l, first=1, fmt=".2f"):
     """The value of layer l in a list that starts at layer `first`, or "–" (ζ starts at layer 2; a short model)."""
     return format(values[l - first], fmt) if first <= l < first + len(values) else "–"
@@ -668,14 +741,16 @@ def _zeta_l(p, key="zeta"):
     return p[key][-1] if p[key] else float("nan")
 
 
-def plot_profiles(profiles, out_dir, series=None):
-    """psi_profiles.png (Ψ per layer, raw and normed h_L), layer_analysis.png (logit lens, skipped blocks) and, given
-    series {run: profiles of its checkpoints}, zeta_over_checkpoints.png (ζ_L, ζ_(L−2) against the step)."""
+def plot_profiles(profiles, out_dir, series=None, exits=None):
+    """psi_profiles.png (Ψ per layer, raw and normed h_L), layer_analysis.png (logit lens, skipped blocks); given
+    series {run: profiles of its checkpoints}, zeta_over_checkpoints.png (ζ_L, ζ_(L−2) against the step); given exits
+    {model: evaluate_tasks output with early_exit}, early_exit.png (average accuracy per exit layer, beside the logit
+    lens loss of the profiled models)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    figures = {"psi_profiles.png": plt.subplots(1, 2, figsize=(11, 4))}
-    for ax, key, title in zip(figures["psi_profiles.png"][1], ("psi", "psi_normed"),
+    figures = {"psi_profiles.png": plt.subplots(1, 2, figsize=(11, 4))} if profiles else {}
+    for ax, key, title in zip(figures["psi_profiles.png"][1] if profiles else [], ("psi", "psi_normed"),
                               ("raw residual stream h_L", "final-normed h_L (HF convention)")):
         for name, p in profiles.items():
             layers = range(1, p["n_layer"] + 1)
@@ -684,13 +759,19 @@ def plot_profiles(profiles, out_dir, series=None):
             ax.plot(layers, dashed, ls="--", lw=1, color=line.get_color())
         ax.set(title=f"Ψ_l, {title}\n(dashed: without the first token)", xlabel="layer l",
                ylabel="Ψ_l = (1 − cos(h_{l−1}, h_l)) / 2")
-    if analysed := {name: p for name, p in profiles.items() if "logit_lens_loss" in p}:
-        fig, axes = figures["layer_analysis.png"] = plt.subplots(1, 2, figsize=(11, 4))
+    analysed = {name: p for name, p in profiles.items() if "logit_lens_loss" in p}
+
+    def lens_panel(ax):
         for name, p in analysed.items():
-            axes[0].plot(range(p["n_layer"] + 1), p["logit_lens_loss"], marker="o", ms=3, label=name)
+            ax.plot(range(p["n_layer"] + 1), p["logit_lens_loss"], marker="o", ms=3, label=name)
+        ax.set(title="logit lens: loss of head(norm(h_l))", xlabel="layer l (0 = embedding)", ylabel="cross-entropy",
+               yscale="log")
+
+    if analysed:
+        fig, axes = figures["layer_analysis.png"] = plt.subplots(1, 2, figsize=(11, 4))
+        lens_panel(axes[0])
+        for name, p in analysed.items():
             axes[1].plot(range(1, p["n_layer"] + 1), p["skip_block_loss_increase"], marker="o", ms=3, label=name)
-        axes[0].set(title="logit lens: loss of head(norm(h_l))", xlabel="layer l (0 = embedding)",
-                    ylabel="cross-entropy", yscale="log")
         axes[1].set(title="loss increase when block l is skipped", xlabel="block l", ylabel="Δ cross-entropy")
         axes[1].set_yscale("symlog", linthresh=1e-2)
     if series:
@@ -701,8 +782,23 @@ def plot_profiles(profiles, out_dir, series=None):
             ax.plot(steps, [pt["zeta"][pt["n_layer"] - 4] if pt["n_layer"] >= 4 else np.nan for pt in points],
                     marker="s", ls="--", color=line.get_color(), label=f"{name} ζ_(L−2)")
         ax.set(xlabel="training step", ylabel="jump rate ζ (raw h_L)", title="the final-layer jump during pre-training")
+    if exits:                                             # accuracy per exit layer, beside the logit lens loss
+        panels = 1 + bool(analysed)
+        fig, axes = figures["early_exit.png"] = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
+        axes = axes[0]
+        for name, e in exits.items():
+            layers, avgs = [r["layer"] for r in e["early_exit"]], [r["average"] for r in e["early_exit"]]
+            line, = axes[0].plot(layers, [a["acc"] for a in avgs], marker="o", ms=3, label=f"{name} acc")
+            if avgs[0]["acc_norm"] is not None:
+                axes[0].plot(layers, [a["acc_norm"] for a in avgs], ls="--", color=line.get_color(), label=f"{name} acc_norm")
+        chance = next(iter(exits.values()))["chance"]
+        axes[0].axhline(np.mean(list(chance.values())), color="gray", ls=":", label="chance (average)")
+        axes[0].set(title="early exit: tasks scored on head(norm(h_l))", xlabel="exit layer l (0 = embedding)",
+                    ylabel=f"average accuracy ({len(next(iter(exits.values()))['results'])} tasks)")
+        if analysed:
+            lens_panel(axes[1])
     for file, (fig, axes) in figures.items():
-        for ax in np.atleast_1d(axes):
+        for ax in np.ravel(axes):
             ax.legend(fontsize=7)
             ax.grid(alpha=0.3)
         fig.tight_layout()
@@ -724,6 +820,13 @@ def _int_at_least(minimum):
     return parse
 
 
+def _exit_layers(text):
+    layers = text if text == "all" else sorted({int(t) if t.strip().isdigit() else -1 for t in text.split(",")})
+    if layers != "all" and layers[0] < 0:
+        raise argparse.ArgumentTypeError(f"'all' or comma-separated layers >= 0, got {text!r}")
+    return layers
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.error = lambda message: sys.exit(f"error: {message}")      # one line and exit status 1, as every user error
@@ -738,6 +841,8 @@ def parse_args(argv=None):
     p.add_argument("--batch_size", type=count, default=16, help="requests (or profile windows) per forward")
     p.add_argument("--out", help="write the results JSON here (rewritten after each task and model)")
     p.add_argument("--log_samples", action="store_true", help="store per-document requests and log-likelihoods")
+    p.add_argument("--exit_layers", type=_exit_layers, help="also score the tasks read out at these layers (all, or "
+                   "e.g. 4,8,12; 0 = the embedding): h_l through the final norm and LM head, in the same forwards")
     p.add_argument("--profile", action="store_true", help="layer profiles: Ψ, ζ, logit lens, skipped blocks")
     p.add_argument("--shards", help="profile on the val windows of this data folder (default for a run: its data_dir)")
     p.add_argument("--text", nargs="+", help="profile on these text files (.txt, .jsonl/.json with a text field)")
@@ -766,12 +871,18 @@ def check_writable(path, option, folder=False):
         raise SystemExit(f"error: {option} {path} cannot be written: {e.strerror or e}")
 
 
+def check_device(device):
+    """auto -> cuda if available, else cpu; anything but cpu, mps, or an available cuda / cuda:N is an error."""
+    device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.startswith("cuda")
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device) or (cuda and not torch.cuda.is_available()):
+        raise SystemExit(f"error: --device {device}: choose cpu, mps, or cuda / cuda:N where CUDA is available")
+    return device
+
+
 def check_args(args):
     """Everything that can be checked without a model; returns the task list."""
-    args.device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    cuda = args.device.startswith("cuda")
-    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", args.device) or (cuda and not torch.cuda.is_available()):
-        raise SystemExit(f"error: --device {args.device}: choose cpu, mps, or cuda / cuda:N where CUDA is available")
+    args.device = check_device(args.device)
     if not args.runs and not args.hf:
         raise SystemExit("error: give one or more run folders or --hf NAME_OR_PATH")
     if args.gguf and not args.hf:
@@ -795,8 +906,10 @@ def check_args(args):
             raise SystemExit(f"error: {path} does not exist")
     if args.out:
         check_writable(args.out, "--out")
-    if args.plot and (not args.profile or importlib.util.find_spec("matplotlib") is None):
-        raise SystemExit("error: --plot draws layer profiles: it needs --profile, and matplotlib installed")
+    if args.exit_layers and not tasks:
+        raise SystemExit("error: --exit_layers reads the tasks out at each layer: give --tasks")
+    if args.plot and (not (args.profile or args.exit_layers) or importlib.util.find_spec("matplotlib") is None):
+        raise SystemExit("error: --plot draws layer analyses: it needs --profile or --exit_layers, and matplotlib")
     if args.plot:
         check_writable(args.plot, "--plot", folder=True)
     return tasks
@@ -815,6 +928,11 @@ def profile_windows(args, lm, meta, task_data):
         if not (source := source or meta["config"].get("data_dir")):
             raise SystemExit(f"error: --profile: the run {meta['run_dir']} names no data_dir; give --shards or --text")
         tokenizer = meta["config"].get("tokenizer") if meta else None          # a run's shards are checked against it
+        if os.path.isfile(m := os.path.join(source, "manifest.json")) and json.load(open(m)).get("kind") == "sft":
+            from sft import PackedStream                  # conversations: the val windows of a fine-tuning run
+            val = PackedStream(source, "val", seq_len, 0, tokenizer, lm.model.config.vocab_size)
+            x, y, real = val.batch(0, min(n, val.per_epoch))
+            return list(zip(x.split(args.batch_size), y.split(args.batch_size), real.split(args.batch_size)))
         windows = train.val_windows(source, tokenizer, lm.model.config.vocab_size, seq_len, n)
     if len(windows) == 0:
         raise SystemExit(f"error: --profile: {source} holds fewer than {seq_len + 1} tokens (one window)")
@@ -835,9 +953,14 @@ def evaluate_model(args, name, kind, path, tasks, task_data, report, save):
         target = profile_target(hf_model) if args.profile else None
         source = {"hf": path, "gguf": args.gguf, "class": type(hf_model).__name__}
     report[name] = entry = {"source": {**source, "max_length": lm.max_length}}
+    if exits := args.exit_layers:                          # checked against the depth as soon as it is known
+        n_layer = len(blocks_and_norm(lm.model)[0])
+        exits = list(range(n_layer + 1)) if exits == "all" else exits
+        if exits[-1] > n_layer:
+            raise SystemExit(f"error: --exit_layers {exits[-1]}: {name} has layers 0 (the embedding) to {n_layer}")
     if tasks:
         evaluate_tasks(lm, tasks, batch_size=args.batch_size, log_samples=args.log_samples, task_data=task_data,
-                       on_task=lambda partial: (entry.update(partial), save()))
+                       on_task=lambda partial: (entry.update(partial), save()), exits=exits)
     if not args.profile:
         return
     batches = profile_windows(args, lm, meta, task_data)
@@ -886,12 +1009,17 @@ def main(argv=None):
     save(complete=True)
     if tasks:
         print(results_table(report))
-    profiles = {name: e["profile"] for name, e in report.items() if "profile" in e}
+    exits = {name: e for name, e in report.items() if "early_exit" in e}
+    for name, e in exits.items():
+        print("\n" + early_exit_table(name, e))
+    profiles = {}                                          # a fine-tuning run's profile: all tokens, then its answers
+    for name, p in ((name, e["profile"]) for name, e in report.items() if "profile" in e):
+        profiles.update({name: p, **({f"{name} (assistant)": p["assistant"]} if "assistant" in p else {})})
     if profiles:
         print(profile_table(profiles))
     if args.plot:
         series = {name: e["profile_checkpoints"] for name, e in report.items() if "profile_checkpoints" in e}
-        for path in plot_profiles(profiles, args.plot, series):
+        for path in plot_profiles(profiles, args.plot, series, exits):
             print(f"wrote {path}")
 
 

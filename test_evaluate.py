@@ -444,6 +444,103 @@ def test_token_sources(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# 3b. early exit: the tasks scored on head(norm(h_l)) of every layer, from the same forwards
+
+EXIT_TASKS = ["lambada_openai", "boolq", "arc_easy", "hellaswag", "sciq", "wikitext"]
+
+
+def without_source(results):
+    return {t: {m: v for m, v in r.items() if m not in ("split", "source")} for t, r in results.items()}
+
+
+def test_early_exit_full_depth_is_the_normal_evaluation_and_layer_l_is_the_model_cut_after_block_l(data_dir):
+    model = tiny_llama(max_seq_len=40)                                 # BoolQ, LAMBADA and WikiText get truncated
+    lm = E.ModelLM(model, TOK)
+    normal = E.evaluate_tasks(lm, EXIT_TASKS, data_dir=data_dir, batch_size=3, progress=False)
+    out = E.evaluate_tasks(lm, EXIT_TASKS, data_dir=data_dir, batch_size=3, progress=False, exits=[0, 1, 2, 3])
+    assert out["results"] == normal["results"] and out["average"] == normal["average"]          # exactly
+    assert [row["layer"] for row in out["early_exit"]] == [0, 1, 2, 3]
+    assert out["early_exit"][-1]["results"] == without_source(normal["results"])                 # exactly
+    assert out["chance"]["arc_easy"] == pytest.approx((1 / 4 + 1 / 3) / 2) and out["chance"]["lambada_openai"] == 0
+    for l in range(3):                        # the reference: a copy of the model with its blocks above l removed
+        cut = copy.deepcopy(model)
+        cut.layers = cut.layers[:l]
+        expected = without_source(E.evaluate_tasks(E.ModelLM(cut, TOK), EXIT_TASKS, data_dir=data_dir,
+                                                   progress=False)["results"])
+        got = out["early_exit"][l]["results"]
+        for t in EXIT_TASKS:
+            assert got[t] == pytest.approx(expected[t], rel=1e-5, abs=1e-6), (l, t)
+    one_by_one = E.evaluate_tasks(lm, EXIT_TASKS, data_dir=data_dir, batch_size=1, progress=False, exits=[1])
+    for t in EXIT_TASKS:                                                  # batching does not matter
+        assert one_by_one["early_exit"][0]["results"][t] == pytest.approx(out["early_exit"][1]["results"][t]), t
+
+
+def test_early_exit_through_hooks_matches_the_converted_llama(data_dir):
+    """A transformers model is read out through forward hooks on its blocks; an HF Llama gives the numbers our
+    Llama (converted from it) gives."""
+    tok = hf_tokenizer_with_bos()
+    hf = tiny_hf_llama(len(tok), max_position_embeddings=256)
+    via_hooks = E.evaluate_tasks(E.HFModelLM(hf, tok, max_length=48), EXIT_TASKS[:4], data_dir=data_dir,
+                                 progress=False, exits=[0, 2, 3])
+    ours = E.evaluate_tasks(E.HFModelLM(E.profile_target(hf), tok, max_length=48), EXIT_TASKS[:4], data_dir=data_dir,
+                            progress=False, exits=[0, 2, 3])
+    for a, b in zip(via_hooks["early_exit"], ours["early_exit"]):
+        for t in a["results"]:
+            assert a["results"][t] == pytest.approx(b["results"][t], rel=1e-4), (a["layer"], t)
+
+
+def sft_folder(root, n=30, seq_len=64):
+    """A tiny sft.py preparation (byte tokens): system prompts, one or two turns, short answers."""
+    import sft
+    rng = np.random.default_rng(0)
+    words = lambda k: " ".join(f"w{int(x)}" for x in rng.integers(0, 99, k))      # noqa: E731
+    write_jsonl(root / "chats.jsonl", [{"messages": ([{"role": "system", "content": words(2)}] if i % 3 == 0 else [])
+                                        + [{"role": "user", "content": words(int(rng.integers(2, 8)))},
+                                           {"role": "assistant", "content": words(int(rng.integers(1, 6)))}]}
+                                       for i in range(n)])
+    sft.main(["--input", str(root / "chats.jsonl"), "--out_dir", str(root / "sft"), "--tokenizer", "bytes",
+              "--seq_len", str(seq_len), "--val_conversations", "8"])
+    return str(root / "sft")
+
+
+def test_profile_of_a_fine_tuning_run_equals_its_eval_and_measures_the_answers(tmp_path, capsys):
+    """An SFT run folder is profiled on its packed val conversations: Ψ over the real tokens and the loss over the
+    assistant targets equal train.py's own eval record; "assistant" is Ψ where the next token is a loss target."""
+    import sft
+    import train
+    data = sft_folder(tmp_path)
+    run = str(tmp_path / "run")
+    train.main(["--model=tiny", "--vocab_size=320", "--n_layer=3", "--d_model=32", "--n_head=2", "--n_kv_head=1",
+                "--ffn_hidden=64", "--tokenizer=bytes", "--seq_len=64", "--micro_batch=2", "--batch_tokens=128",
+                "--max_steps=2", "--eval_interval=2", "--ckpt_interval=2", "--eval_batches=8", "--compile=False",
+                "--warmup_steps=0", f"--data_dir={data}", f"--out_dir={run}"])
+    record = [json.loads(line) for line in open(os.path.join(run, "log.jsonl")) if "val_loss" in line][-1]
+    out = tmp_path / "p.json"
+    E.main([run, "--profile", "--seq_len", "64", "--profile_tokens", "4096", "--batch_size", "3", "--out", str(out)])
+    p = json.loads(out.read_text())["profile"]
+    assert p["loss"] == pytest.approx(record["val_loss"], rel=1e-5)
+    assert p["psi"] == pytest.approx(record["psi"], abs=1e-6)
+    val = sft.PackedStream(data, "val", 64, 0, "bytes", 320)
+    x, y, real = val.batch(0, val.per_epoch)
+    model, _, _ = E.load_run(run)
+    with torch.no_grad():
+        hidden = model(x).hidden_states
+    assert p["n_tokens"] == real.sum() and p["assistant"]["n_tokens"] == (y != -1).sum()
+    assert p["assistant"]["psi"] == pytest.approx(jreg_displacement(hidden, y != -1), abs=1e-6)
+    assert p["assistant"]["loss"] == pytest.approx(p["loss"])         # the same targets: only the Ψ positions differ
+    assert "| run (assistant) | 3 |" in capsys.readouterr().out
+    plain = save_run(str(tmp_path / "pre"), steps=(1,))               # --shards: any run on an sft folder
+    E.main([plain, "--profile", "--shards", data, "--seq_len", "64", "--analysis_tokens", "-1", "--out", str(out)])
+    q = json.loads(out.read_text())["profile"]
+    assert q["assistant"]["n_tokens"] == p["assistant"]["n_tokens"] and q["analysis_tokens"] == (y != -1).sum()
+
+
+def jreg_displacement(hidden, mask):
+    import jreg
+    return jreg.displacement(hidden, mask=mask).tolist()
+
+
+# ---------------------------------------------------------------------------------------------------------
 # 4. command line: errors before any model is loaded, and whole runs on tiny checkpoints (tokenizer "bytes")
 
 def save_run(run_dir, steps=(10, 20), seed=0, n_layer=3, data_dir=None):
@@ -476,7 +573,8 @@ ERRORS = {   # case -> (arguments after the run folder, what the one error line 
     **{f"{option}={value}": ([option, value, "--profile", "--text", "{tmp}/a_file"], option)
        for option, value in [("--limit", "0"), ("--limit", "-1"), ("--limit", "nan"), ("--batch_size", "0"),
                              ("--profile_tokens", "0"), ("--seq_len", "1"), ("--analysis_tokens", "-2"),
-                             ("--step", "-1"), ("--step", "1.5"), ("--device", "gpu"), ("--device", "cuda:x")]},
+                             ("--step", "-1"), ("--step", "1.5"), ("--device", "gpu"), ("--device", "cuda:x"),
+                             ("--exit_layers", "x"), ("--exit_layers", "-1"), ("--exit_layers", "1,,2")]},
 }
 
 
@@ -529,6 +627,26 @@ def test_cli_two_runs_tasks_profiles_plots(tmp_path, data_dir, capsys):
         assert (tmp_path / "plots" / png).stat().st_size > 1000
     table = capsys.readouterr().out
     assert "| arc_easy | acc |" in table and "Δ (jreg − base)" in table and "| base | 3 | 128 |" in table
+
+
+def test_cli_early_exit_json_table_plot_and_depth_check(tmp_path, data_dir, capsys):
+    base, jreg_run = save_run(str(tmp_path / "base"), steps=(1,)), save_run(str(tmp_path / "jreg"), steps=(1,), seed=3)
+    text, out, plots = tmp_path / "t.txt", tmp_path / "ee.json", tmp_path / "plots"
+    text.write_text("the cat sat on the mat and an ant ran in the hat. " * 30)
+    E.main([base, jreg_run, "--tasks", "arc_easy,piqa", "--data_dir", data_dir, "--exit_layers", "all", "--profile",
+            "--text", str(text), "--profile_tokens", "64", "--seq_len", "16", "--plot", str(plots), "--out", str(out)])
+    models = json.loads(out.read_text())["models"]
+    rows = models["jreg"]["early_exit"]
+    assert [r["layer"] for r in rows] == [0, 1, 2, 3] and set(rows[0]["average"]) >= {"acc", "acc_norm"}
+    assert rows[-1]["results"]["piqa"]["acc_norm"] == models["jreg"]["results"]["piqa"]["acc_norm"]
+    assert (plots / "early_exit.png").stat().st_size > 1000
+    printed = capsys.readouterr().out
+    assert "| exit layer | arc_easy | piqa | average acc | average acc_norm |" in printed
+    assert "| chance | 0.292 | 0.500 | 0.396 | |" in printed and "**jreg**: early exit" in printed
+    with pytest.raises(SystemExit, match="error: --exit_layers 4: base has layers 0 .* to 3"):
+        E.main([base, "--tasks", "piqa", "--data_dir", data_dir, "--exit_layers", "2,4"])
+    with pytest.raises(SystemExit, match="error: --exit_layers .*--tasks"):
+        E.main([base, "--profile", "--text", str(text), "--exit_layers", "all"])
 
 
 def test_cli_single_model_schema(tmp_path, data_dir):
