@@ -171,7 +171,7 @@ def test_chat_history_and_steps(run_dir, monkeypatch, capsys):
     assert run_chat(args + ["--max_new_tokens", "20"], "a\nb\n", monkeypatch, capsys)[0] == ["Hi!", "Nope"]
     replies, err = run_chat(args, "x" * 70 + "\nb\n", monkeypatch, capsys)
     assert replies == ["Nope"] and "(message too long for the model's context of 64 tokens)" in err
-    with pytest.raises(SystemExit, match=f"error: no checkpoint of step 7 in {run_dir}"):
+    with pytest.raises(SystemExit, match=f"error: --step 7: no such checkpoint in {run_dir}"):
         chat.main([run_dir, "--step", "7"])
 
 
