@@ -1,7 +1,8 @@
 """
 Zero-shot tasks scored exactly as lm-evaluation-harness scores them (also read out at every layer: early exit), and
 layer profiles (Ψ, ζ, logit lens, skipped blocks), for our checkpoints and for any Hugging Face causal LM. Options,
-output schema, numbers: README, "Evaluation". A user error (bad option, missing file, unreadable checkpoint) is one `error:` line and exit status 1.
+output schema, numbers: README, "Evaluation". A user error (bad option, missing file, unreadable checkpoint) is one
+`error:` line and exit status 1.
 
     python evaluate.py out/base                                       # the paper's nine tasks, latest checkpoint
     python evaluate.py out/base out/jreg --limit 500 --out cmp.json   # one table, a column per model, Δ = 2nd − 1st

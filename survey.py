@@ -123,7 +123,8 @@ def table(results):
     for name, r in sorted(ok.items(), key=lambda kv: -(kv[1]["summary"]["raw"]["zeta_L"] or 0)):
         cells = [f"{num(s['zeta_L'])} | {num(s['zeta_L_minus_2'])} | {num(s['psi_L_over_middle'], '.1f')}"
                  for s in r["summary"].values()]
-        lines.append(f"| {name} | {r['params'] / 1e6:,.1f}M | {r['n_layer']} | {r['profile']['n_tokens']} | "
+        short = name if len(name) <= 48 else "…" + name[-47:]                # a long local path: its end
+        lines.append(f"| {short} | {r['params'] / 1e6:,.1f}M | {r['n_layer']} | {r['profile']['n_tokens']} | "
                      + " | ".join(cells) + f" | {r['load_s']:.0f} | {r['profile_s']:.0f} |")
     lines += [f"| {name} | could not be loaded: {r['error']} |" for name, r in results.items() if "error" in r]
     return "\n".join(lines)
