@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import evaluate as E
+import jreg
 from model import Llama, LlamaConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -526,18 +527,13 @@ def test_profile_of_a_fine_tuning_run_equals_its_eval_and_measures_the_answers(t
     with torch.no_grad():
         hidden = model(x).hidden_states
     assert p["n_tokens"] == real.sum() and p["assistant"]["n_tokens"] == (y != -1).sum()
-    assert p["assistant"]["psi"] == pytest.approx(jreg_displacement(hidden, y != -1), abs=1e-6)
+    assert p["assistant"]["psi"] == pytest.approx(jreg.displacement(hidden, mask=y != -1).tolist(), abs=1e-6)
     assert p["assistant"]["loss"] == pytest.approx(p["loss"])         # the same targets: only the Ψ positions differ
     assert "| run (assistant) | 3 |" in capsys.readouterr().out
     plain = save_run(str(tmp_path / "pre"), steps=(1,))               # --shards: any run on an sft folder
     E.main([plain, "--profile", "--shards", data, "--seq_len", "64", "--analysis_tokens", "-1", "--out", str(out)])
     q = json.loads(out.read_text())["profile"]
     assert q["assistant"]["n_tokens"] == p["assistant"]["n_tokens"] and q["analysis_tokens"] == (y != -1).sum()
-
-
-def jreg_displacement(hidden, mask):
-    import jreg
-    return jreg.displacement(hidden, mask=mask).tolist()
 
 
 # ---------------------------------------------------------------------------------------------------------
