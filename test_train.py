@@ -386,12 +386,12 @@ def test_sft_starts_from_a_pretraining_run_and_trains_on_assistant_tokens(data_d
     run(data_dir, tmp_path / "pre", "--max_steps=2", "--eval_interval=0", "--micro_batch=4")
     pre = torch.load(tmp_path / "pre" / "ckpt_0000002.pt", weights_only=False)["model"]
     steps, evals = run(data_dir, tmp_path / "sft", f"--data_dir={sft_dir}", f"--init_from={tmp_path / 'pre'}@2",
-                       "--seq_len=128", "--batch_tokens=1024", "--micro_batch=4", "--epochs=2", "--warmup_ratio=0.1",
+                       "--seq_len=128", "--batch_tokens=1024", "--micro_batch=4", "--epochs=1", "--warmup_ratio=0.1",
                        "--eval_interval=100", "--n_layer=7")    # the shape comes from the initial weights, not n_layer
     cfg = json.load(open(tmp_path / "sft" / "config.json"))
     import sft
     per_epoch = sft.PackedStream(sft_dir, "train", 128, 0, "bytes", 320).per_epoch
-    assert cfg["config"]["max_steps"] == math.ceil(2 * per_epoch / 8) == len(steps)
+    assert cfg["config"]["max_steps"] == math.ceil(per_epoch / 8) == len(steps)
     assert cfg["config"]["warmup_steps"] == round(0.1 * len(steps)) and cfg["model_config"]["n_layer"] == 4
     assert evals[0]["step"] == 0 and len(evals[0]["psi"]) == 4 and steps[-1]["loss"] < steps[0]["loss"]
     # step 0's evaluation is the pre-trained model's: the initial weights were loaded
