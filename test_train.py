@@ -403,3 +403,21 @@ def test_sft_starts_from_a_pretraining_run_and_trains_on_assistant_tokens(data_d
         assert evals[0]["val_loss"] == pytest.approx(model(x, y).loss.item(), rel=1e-5)
     with pytest.raises(SystemExit, match="no checkpoint of step 5"):
         run(data_dir, tmp_path / "sft2", f"--data_dir={sft_dir}", f"--init_from={tmp_path / 'pre'}@5", *SFT)
+
+
+def test_killed_sft_run_resumes_exactly(data_dir, sft_dir, tmp_path, monkeypatch):
+    """Packed conversations resume like pre-training data: the loader's state is one integer."""
+    args = [f"--data_dir={sft_dir}", *SFT, "--max_steps=6", "--ckpt_interval=2", "--micro_batch=4"]
+    full, _ = run(data_dir, tmp_path / "full", *args)
+    real_lr_at = train.lr_at
+
+    def crash_at_5(step, cfg):
+        if step == 4:
+            raise KeyboardInterrupt("simulated kill")
+        return real_lr_at(step, cfg)
+    monkeypatch.setattr(train, "lr_at", crash_at_5)
+    with pytest.raises(KeyboardInterrupt):
+        run(data_dir, tmp_path / "resumed", *args)
+    monkeypatch.setattr(train, "lr_at", real_lr_at)
+    resumed, _ = run(data_dir, tmp_path / "resumed", *args)
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in full]
