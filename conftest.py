@@ -2,6 +2,17 @@
 `@pytest.mark.allow_skip` (for a reason the README names, e.g. needing a GPU). A missing package of
 requirements-dev.txt therefore fails the suite instead of quietly switching a check off."""
 import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread, and do not fight other processes for the cores
+    (a test module opts in with `pytestmark = pytest.mark.usefixtures("one_thread")`)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def pytest_configure(config):

@@ -33,13 +33,7 @@ def random_model(**changes):
     return Llama(dataclasses.replace(CFG, init_std=0.3, **changes)).eval()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and do not stall when other processes share the cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
 
 
 @pytest.fixture(scope="module")

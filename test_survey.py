@@ -20,12 +20,7 @@ import survey
 TEXT = "In the beginning God created the heaven and the earth. And the earth was without form, and void. " * 12
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
 
 
 def tokenizer():
