@@ -30,6 +30,7 @@ from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 import jreg
+import sft
 import train
 from model import Llama, LlamaConfig
 from prepare_fineweb import get_tokenizer, write_atomic
@@ -929,9 +930,8 @@ def profile_windows(args, lm, meta, task_data):
         if not (source := source or meta["config"].get("data_dir")):
             raise SystemExit(f"error: --profile: the run {meta['run_dir']} names no data_dir; give --shards or --text")
         tokenizer = meta["config"].get("tokenizer") if meta else None          # a run's shards are checked against it
-        if os.path.isfile(m := os.path.join(source, "manifest.json")) and json.load(open(m)).get("kind") == "sft":
-            from sft import PackedStream                  # conversations: the val windows of a fine-tuning run
-            val = PackedStream(source, "val", seq_len, 0, tokenizer, lm.model.config.vocab_size)
+        if sft.is_conversations(source):                  # conversations: the val windows of a fine-tuning run
+            val = sft.PackedStream(source, "val", seq_len, 0, tokenizer, lm.model.config.vocab_size)
             x, y, real = val.batch(0, min(n, val.per_epoch))
             return list(zip(x.split(args.batch_size), y.split(args.batch_size), real.split(args.batch_size)))
         windows = train.val_windows(source, tokenizer, lm.model.config.vocab_size, seq_len, n)

@@ -164,8 +164,9 @@ def _why(e):
     return " ".join(f"{type(e).__name__}: {e}".split())[:300]
 
 
-def open_sources(inputs=None, name=None):
-    """([(name, IterableDataset)], their description): one per local file, a save_to_disk folder, or the hub stream."""
+def open_sources(inputs=None, name=None, dataset=DATASET, split="train"):
+    """([(name, IterableDataset)], their description): one per local file, a save_to_disk folder (its `split` if it
+    holds several), or the hub stream of `dataset` (config `name`, `split`). sft.py reads conversations through it."""
     paths = []
     for pattern in inputs or []:
         if not (found := sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]):
@@ -184,17 +185,17 @@ def open_sources(inputs=None, name=None):
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a failure is reported below, as one line
     if not inputs:
         try:
-            ds = datasets.load_dataset(DATASET, name=name, split="train", streaming=True)
+            ds = datasets.load_dataset(dataset, name=name, split=split, streaming=True)
         except Exception as e:
-            raise SystemExit(f"error: cannot stream {DATASET} ({name}) from the Hugging Face hub: {_why(e)}; offline, "
+            raise SystemExit(f"error: cannot stream {dataset} ({name}) from the Hugging Face hub: {_why(e)}; offline, "
                              "use --input with local files") from None
-        return [(f"{DATASET} ({name})", ds)], {"hub": DATASET, "name": name}
+        return [(f"{dataset} ({name})", ds)], {"hub": dataset, "name": name}
     if os.path.isdir(path := paths[0]):
         try:
             ds = datasets.load_from_disk(path)
-            ds = ds["train"] if isinstance(ds, datasets.DatasetDict) else ds
+            ds = ds[split] if isinstance(ds, datasets.DatasetDict) else ds
         except Exception as e:
-            raise SystemExit(f"error: {path}: cannot load (the train split of) a saved dataset: {_why(e)}") from None
+            raise SystemExit(f"error: {path}: cannot load (the {split} split of) a saved dataset: {_why(e)}") from None
         return [(path, ds.to_iterable_dataset())], {"load_from_disk": os.path.abspath(path)}
     sources = []
     for kind, group in itertools.groupby(paths, key=_builder):  # one builder for each run of files of a kind

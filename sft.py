@@ -40,7 +40,6 @@ Training reads the folder with ``PackedStream``: conversations packed best-fit i
 tokens, each window starting at a conversation start, padded with EOT; targets are -1 except on loss tokens.
 """
 import argparse
-import glob
 import itertools
 import json
 import os
@@ -50,7 +49,7 @@ import time
 import numpy as np
 import torch
 
-from prepare_fineweb import get_tokenizer, read_shard, write_atomic, write_shard
+from prepare_fineweb import get_tokenizer, open_sources, read_shard, write_atomic, write_shard
 
 DEFAULT_DATASET = "allenai/tulu-v2-sft-mixture"
 MANIFEST = "manifest.json"
@@ -131,41 +130,6 @@ def clean(messages):
     return system + turns, bool(lead or tail)
 
 
-def input_files(inputs):
-    """The paths behind --input (globs expanded), each checked to exist."""
-    paths = []
-    for pattern in inputs:
-        for path in (sorted(glob.glob(pattern)) or [pattern]) if glob.has_magic(pattern) else [pattern]:
-            if not os.path.exists(path):
-                raise SystemExit(f"error: input not found: {path}")
-            if not os.path.isdir(path) and not path.endswith((".json", ".jsonl", ".json.gz", ".jsonl.gz", ".parquet")):
-                raise SystemExit(f"error: {path}: expected .json, .jsonl (optionally .gz), .parquet or a "
-                                 "save_to_disk folder")
-            paths.append(path)
-    return paths
-
-
-def sources(inputs=None, name=DEFAULT_DATASET, split="train"):
-    """[(description, dataset)] for local files and save_to_disk folders (in order) or a hub dataset (streamed)."""
-    import datasets
-    datasets.disable_progress_bars()
-    if not inputs:
-        return [(name, datasets.load_dataset(name, split=split, streaming=True))]
-    out = []
-    for path in inputs:
-        if os.path.isdir(path):
-            ds = datasets.load_from_disk(path)
-            if isinstance(ds, datasets.DatasetDict):
-                if split not in ds:
-                    raise SystemExit(f"error: {path}: no split {split!r} (has {', '.join(ds)})")
-                ds = ds[split]
-        else:
-            ds = datasets.load_dataset("parquet" if path.endswith(".parquet") else "json", data_files=[path],
-                                       split="train", streaming=True)
-        out.append((path, ds))
-    return out
-
-
 def records(sources):
     """(where, record) for each record of [(description, dataset)], in order."""
     for desc, ds in sources:
@@ -218,10 +182,8 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
                                ("--shard_conversations", shard_conversations, 1)):
         if not isinstance(value, int) or value < low:
             raise SystemExit(f"error: {option} must be an integer >= {low}, got {value!r}")
-    files = input_files(inputs) if inputs else None
+    sources, described = open_sources(inputs, dataset=name, split=split)     # read lazily, below
     enc = get_tokenizer(tokenizer)
-    described = [[os.path.abspath(p), os.path.getsize(p) if os.path.isfile(p) else None] for p in files] if files \
-        else name
     config = {"kind": "sft", "source": described, "split": split, "tokenizer": enc.name, "vocab_size": enc.n_vocab,
               "eot_token": enc.eot_token, "seq_len": seq_len, "val_conversations": val_conversations,
               "shard_conversations": shard_conversations}
@@ -256,7 +218,7 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
     counts, t0, elapsed = manifest["counts"], time.time(), manifest["elapsed_s"]
     if counts["records"]:
         log(f"resuming after {len(manifest['shards'])} shards ({counts['records']:,} records)")
-    stream = conversations(itertools.islice(records(sources(files, name, split)), counts["records"], None), enc,
+    stream = conversations(itertools.islice(records(sources), counts["records"], None), enc,
                            seq_len, counts)
 
     def write(split_name, index, convs):
@@ -293,6 +255,19 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
 
 # ----------------------------------------------------------------------------------------------------------
 # Packing for training
+
+def is_conversations(data_dir):
+    """Whether data_dir holds conversations prepared by this file (its manifest says kind "sft"), not plain text:
+    train.py and evaluate.py ask this to choose between packed conversations and text windows."""
+    path = os.path.join(data_dir, MANIFEST)
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path) as f:
+            return json.load(f).get("kind") == "sft"
+    except (ValueError, AttributeError):
+        raise SystemExit(f"error: {path} is unreadable; prepare the folder again (--overwrite)") from None
+
 
 def read_manifest(data_dir):
     path = os.path.join(data_dir, MANIFEST)
@@ -402,8 +377,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--input", nargs="+", metavar="PATH", help="local .json/.jsonl(.gz)/.parquet files (globs) or "
-                     "save_to_disk folders")
+    src.add_argument("--input", nargs="+", metavar="PATH", help="local .json/.jsonl(.gz)/.parquet files (globs) or one "
+                     "save_to_disk folder")
     src.add_argument("--name", default=DEFAULT_DATASET, help="hub dataset, streamed (default %(default)s)")
     p.add_argument("--split", default="train", help="hub / DatasetDict split (default %(default)s)")
     p.add_argument("--out_dir", required=True)

@@ -12,7 +12,7 @@ import tiktoken
 import torch
 
 import sft
-from prepare_fineweb import get_tokenizer, list_shards, read_shard
+from prepare_fineweb import get_tokenizer, list_shards, open_sources, read_shard
 
 
 def byte_enc():
@@ -53,7 +53,7 @@ def write_jsonl(path, recs):
 
 
 def load(path):
-    return [sft.clean(sft.to_messages(r, w))[0] for w, r in sft.records(sft.sources([str(path)]))]
+    return [sft.clean(sft.to_messages(r, w))[0] for w, r in sft.records(open_sources([str(path)])[0])]
 
 
 def test_three_schemas_give_the_same_messages(tmp_path):

@@ -33,6 +33,7 @@ import torch.nn as nn
 from jreg import WEIGHTINGS, Profile, displacement, jump_rate, layer_weights, streams
 from model import PRESETS, Llama, LlamaConfig
 from prepare_fineweb import list_shards, read_shard, write_atomic
+from sft import PackedStream, is_conversations
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -254,9 +255,7 @@ class ShardStream:
 def data_streams(cfg, vocab_size, n_val):
     """(train stream, val batches source) for cfg.data_dir: sft.py conversations are packed (sft.PackedStream),
     prepare_fineweb.py text is cut into windows; both give batch(first, count) -> (x, y, real tokens or None)."""
-    manifest = os.path.join(cfg.data_dir, "manifest.json")
-    if os.path.isfile(manifest) and json.load(open(manifest)).get("kind") == "sft":
-        from sft import PackedStream
+    if is_conversations(cfg.data_dir):
         val = PackedStream(cfg.data_dir, "val", cfg.seq_len, cfg.seed, cfg.tokenizer, vocab_size)
         return (PackedStream(cfg.data_dir, "train", cfg.seq_len, cfg.seed, cfg.tokenizer, vocab_size),
                 val.batch(0, min(n_val, val.per_epoch)))
