@@ -24,14 +24,15 @@ def displacement(hidden_states, mask=None, skip_first=False):
     """Ψ_1..Ψ_L: a tensor of L values, each the mean over tokens of (1 - cos(h_{l-1}, h_l)) / 2.
 
     mask: optional [B, T] bool/0-1 tensor, True for tokens to include (e.g. non-padding).
-    skip_first: drop position 0 from the average. Computed in fp32 whatever the input dtype; differentiable."""
+    skip_first: drop position 0 from the average. Computed in fp32 whatever the input dtype; differentiable.
+    No token to average (an all-padding mask, or one position with skip_first): zeros, with a zero gradient."""
     h = hidden_states
     psi = torch.stack([(1 - F.cosine_similarity(a.float(), b.float(), dim=-1)) / 2 for a, b in zip(h[:-1], h[1:])])
     # psi: [L, B, T] per-token displacements
     weight = torch.ones_like(psi[0]) if mask is None else mask.to(psi.dtype).expand_as(psi[0]).clone()
     if skip_first:
         weight[:, 0] = 0
-    return (psi * weight).sum(dim=(1, 2)) / weight.sum()
+    return (psi * weight).sum(dim=(1, 2)) / weight.sum().clamp(min=1e-12)
 
 
 def jump_rate(psi):

@@ -102,6 +102,18 @@ def numpy_displacement_tokens(states, mask, skip_first):
                       for b, t in keep] for l in range(1, len(hs))])
 
 
+def test_empty_mask_gives_zero_displacement_and_zero_gradient():
+    """No token to average over (an all-padding mask, or one token with skip_first): Ψ = 0, penalty 0, gradient 0.
+    (Before: 0 / 0 = NaN, in the values and in the gradient.)"""
+    states = [torch.randn(2, 1, 8, generator=torch.Generator().manual_seed(i), requires_grad=True) for i in range(4)]
+    for mask, skip_first in ((torch.zeros(2, 1, dtype=torch.bool), False), (None, True)):
+        psi = displacement(states, mask=mask, skip_first=skip_first)
+        penalty = jreg_penalty(states, 1.0, psi=psi)
+        assert torch.equal(psi, torch.zeros(3)) and penalty.item() == 0.0
+        grads = torch.autograd.grad(penalty, states)
+        assert all(torch.equal(g, torch.zeros_like(g)) for g in grads)
+
+
 def test_displacement_is_fp32_for_bf16_input():
     g = torch.Generator().manual_seed(1)
     states = [torch.randn(2, 4, 64, generator=g) for _ in range(4)]
