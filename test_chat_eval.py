@@ -1,15 +1,19 @@
 """Tests of chat_eval.py: the judge client against a local HTTP server playing the judge, prompts, parsing, retries,
 the cache and its resume, question loaders, the paired statistics, the command line (CPU, no network, seconds)."""
+import fcntl
+import hashlib
 import json
 import os
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 import chat_eval as ce
 
+pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
 PROMPTS = ce.load_judge_prompts()
 
 
@@ -28,11 +32,14 @@ class FakeJudge:
                 with judge.lock:
                     n = len(judge.requests)
                     judge.requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
-                status, text = judge.reply(n, body)
-                data = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}
-                                  if status == 200 else {"error": text}).encode()
+                status, text, *headers = judge.reply(n, body)
+                data = text if isinstance(text, bytes) else json.dumps(       # bytes: the raw body; else the content
+                    {"choices": [{"message": {"role": "assistant", "content": text}}]} if status == 200 else
+                    {"error": text}).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
+                for k, v in (headers[0] if headers else {}).items():
+                    self.send_header(k, v)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -213,15 +220,15 @@ def test_interrupted_run_resumes_with_only_the_missing_requests(tmp_path, judge_
 def test_cache_tolerates_a_torn_last_line(tmp_path):
     path = tmp_path / "cache.jsonl"
     cache = ce.Cache(str(path))
-    cache.put({"key": "a", "answer": "x"})
+    cache.put({"key": "a", "kind": "answer", "answer": "x"})
     with open(path, "a") as f:
         f.write('{"key": "b", "ans')                                # killed mid-write
     cache = ce.Cache(str(path))
-    assert cache.get("a") == {"key": "a", "answer": "x"} and cache.get("b") is None
-    cache.put({"key": "c", "answer": "z"})
+    assert cache.get("a") == {"key": "a", "kind": "answer", "answer": "x"} and cache.get("b") is None
+    cache.put({"key": "c", "kind": "answer", "answer": "z"})
     assert [json.loads(line)["key"] for line in path.read_text().splitlines()] == ["a", "c"]
     with open(path, "a") as f:
-        f.write('{"key": "d", "answer": "w"}')                      # complete but unterminated: kept
+        f.write('{"key": "d", "kind": "answer", "answer": "w"}')    # complete but unterminated: kept
     assert ce.Cache(str(path)).get("d") and path.read_text().endswith("\n")
 
 
@@ -335,7 +342,7 @@ def test_command_line_errors(tmp_path, monkeypatch):
     runs = _fake_runs(tmp_path, monkeypatch, [])
     cases = [([], "run folders or --hf"), (runs + ["--parallel", "0"], "--parallel must be >= 1"),
              (runs + ["--backoff", "nan"], "--backoff must be finite"), (runs + ["--timeout", "0"], "--timeout must"),
-             (runs, "benchmark vicuna needs --vicuna"),
+             (runs, "benchmark wizardlm needs --wizardlm"),
              (runs + ["--benchmarks", "mt_bench,alpaca"], "unknown benchmark"),
              (runs + ["--benchmarks", "mt_bench", "--judge_url", "http://x/v1"], "--judge_url needs --judge_model"),
              (runs + ["--benchmarks", "mt_bench", "--step", "5"], "no checkpoint of step 5"),
@@ -379,4 +386,245 @@ def test_a_real_run_folder_answers_through_chat_py(tmp_path):
     answer = ce.model_answer_fn(model, get_tokenizer("bytes"), max_new_tokens=4, seed=1)
     msgs = [{"role": "user", "content": "Hi"}]
     assert answer(msgs, 0.0) == answer(msgs, 0.0) and answer(msgs, 0.7) == answer(msgs, 0.7)   # seeded sampling
-    assert answer([{"role": "user", "content": "x" * 600}], 0.0) == ""                 # longer than the context
+    assert answer([{"role": "user", "content": "x" * 600}], 0.0)["answer"] == ""       # longer than the context
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The judge client under real use: one process per output, no key elsewhere, bounded waits, odd replies, Ctrl-C
+
+def test_a_second_process_on_the_same_output_is_refused(tmp_path, monkeypatch):
+    loads = []
+    runs = _fake_runs(tmp_path, monkeypatch, loads)
+    out = tmp_path / "chat.json"
+    argv = runs[:1] + ["--benchmarks", "mt_bench", "--limit", "1", "--out", str(out)]
+    with open(f"{out}.lock", "a+") as held:                      # another process holds the output
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(SystemExit, match="in use by another chat_eval.py process"):
+            ce.main(argv)
+    assert loads == [] and not out.exists()
+    assert ce.main(argv) == 0 and out.exists()                   # released: runs
+    first = ce.lock_output(str(out))
+    with pytest.raises(SystemExit, match=f"error: {out} is in use by another chat_eval.py process \\(pid {os.getpid()}"):
+        ce.lock_output(str(out))
+    first.close()
+
+
+def test_a_redirect_never_carries_the_key(judge_server):
+    elsewhere = judge_server()                                   # another origin (port), recording headers
+
+    class Redirect(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.send_response(302)
+            self.send_header("Location", elsewhere.url + "/chat/completions")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    elsewhere.server.RequestHandlerClass.do_GET = elsewhere.server.RequestHandlerClass.do_POST = (
+        lambda h: elsewhere.requests.append({"auth": h.headers.get("Authorization")}) or h.send_error(404))
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    try:
+        ce.ask_judge(ce.Judge(url, "j", "sk-secret", retries=0), [{"role": "user", "content": "u"}])
+    except SystemExit as e:
+        error = str(e)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [r["auth"] for r in elsewhere.requests] == []
+    assert "redirects (HTTP 302) to " + elsewhere.url in error and "not followed" in error
+
+
+def test_retry_after_is_capped_and_said(judge_server, monkeypatch, capsys):
+    server = judge_server(lambda n, body: (429, "slow down", {"Retry-After": "3600"}) if n == 0 else (200, "[[9]]"))
+    slept = []
+    monkeypatch.setattr(ce.time, "sleep", slept.append)
+    j = ce.Judge(server.url, "j", retries=2, backoff=1, timeout=10)
+    assert ce.ask_judge(j, [{"role": "user", "content": "u"}]) == "[[9]]"
+    assert slept == [10]
+    err = capsys.readouterr().err
+    assert "HTTP 429" in err and "waiting 10 s" in err and "attempt 2 of 3" in err and "Retry-After: 3600" in err
+
+
+def test_replies_of_other_shapes(judge_server):
+    msgs = [{"role": "user", "content": "u"}]
+    replies = [(200, '{"choices": [{"message": {"content": "Rating: [[6]] caf\xe9"}}]}'.encode("latin-1")),
+               (200, [{"type": "text", "text": "Fine. "}, {"type": "text", "text": "Rating: [[8]]"}]), (200, None)]
+    server = judge_server(lambda n, body: replies[n])
+    j = judge(server)
+    assert ce.parse_rating(ce.ask_judge(j, msgs)) == 6             # not UTF-8: read with replacement characters
+    assert ce.ask_judge(j, msgs) == "Fine. Rating: [[8]]"          # OpenAI's content parts
+    assert ce.ask_judge(j, msgs) == ""                             # null content: unparseable, as before
+    for content in (3, [{"type": "image_url", "image_url": {"url": "x"}}], {"text": "[[5]]"}):
+        odd = judge_server(lambda n, body: (200, content))
+        with pytest.raises(SystemExit, match="error: the judge's reply content is not text"):
+            ce.ask_judge(judge(odd), msgs)
+        assert len(odd.requests) == 1
+
+
+def test_cache_lines_that_are_not_records(tmp_path):
+    path = tmp_path / "cache.jsonl"
+    for line in ("3", "[]", "{}", '{"answer": "x"}', '{"key": "k", "kind": "judgment", "score": 5}', '{"key": "b', "x"):
+        path.write_text(json.dumps({"key": "a", "kind": "answer", "answer": "x"}) + "\n" + line + "\n")
+        with pytest.raises(SystemExit, match=f"error: cache {path} line 2 is not a record of chat_eval.py"):
+            ce.Cache(str(path))
+
+
+def test_out_or_cache_that_is_a_folder_is_refused_up_front(tmp_path, monkeypatch):
+    loads = []
+    runs = _fake_runs(tmp_path, monkeypatch, loads)
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "kept.txt").write_text("x")
+    for flag in ("--out", "--cache"):
+        with pytest.raises(SystemExit, match=f"error: {flag} {folder} is a folder"):
+            ce.main(runs + ["--benchmarks", "mt_bench", "--limit", "1", flag, str(folder)])
+    assert loads == [] and not os.path.exists(f"{folder}.tmp") and os.listdir(folder) == ["kept.txt"]
+
+
+def test_ctrl_c_while_judging_stops_at_once_and_keeps_what_is_cached(tmp_path, monkeypatch, judge_server):
+    server = judge_server()
+    runs = _fake_runs(tmp_path, monkeypatch, [])
+    release, calls = threading.Event(), []
+
+    def ask(judge_, messages):                                     # 0: a request in flight for 30 min; 1: Ctrl-C
+        calls.append(messages)
+        if len(calls) == 1:
+            release.wait(60)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return "[[7]]"
+    monkeypatch.setattr(ce, "ask_judge", ask)
+    out = tmp_path / "chat.json"
+    argv = runs[:1] + ["--benchmarks", "mt_bench", "--limit", "3", "--judge_url", server.url, "--judge_model", "j",
+                       "--parallel", "2", "--out", str(out)]
+    result = []
+
+    def run():
+        try:
+            ce.main(argv)
+        except BaseException as e:
+            result.append(e)
+    t = threading.Thread(target=run)
+    start = time.time()
+    t.start()
+    t.join(10)
+    prompt, seconds = not t.is_alive(), time.time() - start
+    release.set()
+    t.join()
+    assert prompt and seconds < 5
+    assert isinstance(result[0], ce.Interrupted) and "interrupted; rerun the same command to continue" in str(result[0])
+    assert len(calls) < 6 and not out.exists()                     # queued requests cancelled
+    done = len(ce.Cache(str(tmp_path / "chat.cache.jsonl")).items) - 6
+    monkeypatch.setattr(ce, "ask_judge", lambda j, m: calls.append(m) or "[[7]]")
+    n = len(calls)
+    assert ce.main(argv) == 0 and len(calls) - n == 6 - done        # the rerun asks only for the rest
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Answers and judging as FastChat does them
+
+def _tiny_model(vocab_size=257, max_seq_len=512):
+    import torch
+    from model import Llama, LlamaConfig
+    torch.manual_seed(0)
+    return Llama(LlamaConfig(vocab_size=vocab_size, n_layer=2, n_head=2, n_kv_head=1, d_model=32, ffn_hidden=64,
+                             max_seq_len=max_seq_len)).eval()
+
+
+def test_second_turn_keeps_the_first_whole_and_caps_new_tokens(tmp_path, monkeypatch):
+    import chat
+    from prepare_fineweb import get_tokenizer
+    enc, seen = get_tokenizer("bytes"), []
+
+    def generate(model, prompts, max_new_tokens=256, **kw):       # turn 1: 1,000 tokens; then as many as allowed
+        seen.append((prompts[0], max_new_tokens))
+        return [[ord("a")] * 1000 if len(seen) == 1 else [ord("b")] * max_new_tokens]
+    monkeypatch.setattr(chat, "generate", generate)
+    questions = {"mt_bench": [{"question_id": 1, "category": "writing", "turns": ["First question?", "Second?"]},
+                              {"question_id": 2, "category": "writing", "turns": ["y" * 3000]}]}
+    limits, cache = {}, ce.Cache(str(tmp_path / "c.jsonl"))
+    answer_fn = ce.model_answer_fn(_tiny_model(max_seq_len=2048), enc, max_new_tokens=1024)
+    out = ce.answer_questions(questions, "m", "m", answer_fn, cache, progress=False, limits=limits)
+    (ids1, cap1), (ids2, cap2) = seen
+    assert cap1 == 1024 and len(ids2) > 1000 and cap2 == 2048 - len(ids2)
+    assert "First question?" in enc.decode(ids2) and "a" * 1000 in enc.decode(ids2) and "Second?" in enc.decode(ids2)
+    assert out["mt_bench"][1] == ["a" * 1000, "b" * cap2] and out["mt_bench"][2] == [""]
+    recs = {(r["question_id"], r["turn"]): r for r in cache.items.values()}
+    assert recs[1, 1]["limit"] is None and recs[1, 2]["limit"] == "context" and recs[2, 1]["limit"] == "no_room"
+    assert recs[1, 2]["prompt_tokens"] == len(ids2) and limits == {"mt_bench": {"context": 1, "no_room": 1}}
+    text = ce.markdown({"benchmarks": ["mt_bench"], "judge": {"model": "j", "url": "u"}, "models": {
+        "m": {**ce.summarize([], "m", ["mt_bench"]), "context_limits": limits}}})
+    assert "m, MT-Bench: 1 answer(s) capped by the context (below --max_new_tokens), 1 prompt(s) longer" in text
+
+
+def test_vicuna_ships_with_fastchats_questions_and_references(tmp_path, monkeypatch, judge_server):
+    root = os.path.dirname(os.path.abspath(ce.__file__))
+    for name, sha in (("question.jsonl", "c248c5c98ba45bb0c2aadae2f270e643bd32679c6c306a3b2a503ac4254cdaa5"),
+                      ("reference_answer/gpt-4.jsonl", "f7542dc25a5a869b32197486f5699a14eb5682ab3c7264518402399ec09ab470")):
+        with open(os.path.join(root, "data", "vicuna_bench", name), "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == sha             # unchanged from FastChat
+    server = judge_server()
+    runs = _fake_runs(tmp_path, monkeypatch, [])
+    out = tmp_path / "chat.json"
+    assert ce.main(runs[:1] + ["--benchmarks", "vicuna", "--judge_url", server.url, "--judge_model", "j",
+                               "--out", str(out)]) == 0                     # no --vicuna, no --vicuna_refs
+    report = json.loads(out.read_text())
+    assert report["sources"]["vicuna"] == os.path.join(root, "data", "vicuna_bench", "question.jsonl")
+    assert report["references"]["vicuna"].endswith(os.path.join("vicuna_bench", "reference_answer", "gpt-4.jsonl"))
+    assert report["models"]["base"]["vicuna"]["prompts"] == {"single-math-v1": 10, "single-v1": 70}
+    refs = ce.load_references(report["references"]["vicuna"])
+    math_q = next(r for r in server.requests if "f(x) = 5x^3 - 2x + 3" in r["body"]["messages"][1]["content"])
+    assert refs[68][0] in math_q["body"]["messages"][1]["content"]
+    assert report["missing_references"] == {}
+
+
+def test_categories_match_case_insensitively_and_missing_references_are_loud(tmp_path, monkeypatch, judge_server,
+                                                                             capsys):
+    q = {"question_id": 5, "category": "Math", "turns": ["2+2?"]}
+    assert ce.judge_prompt(PROMPTS, q, ["4"], 1, ["4"])[0] == "single-math-v1"
+    assert ce.judge_prompt(PROMPTS, {**q, "category": "Coding"}, ["4"], 1, ["4"])[0] == "single-math-v1"
+    server = judge_server()
+    runs = _fake_runs(tmp_path, monkeypatch, [])
+    wiz = tmp_path / "w.jsonl"
+    wiz.write_text(json.dumps({"idx": 1, "Skill": "Math", "Difficulty": 1, "Instruction": "2+2?"}) + "\n" +
+                   json.dumps({"idx": 2, "Skill": "Writting", "Difficulty": 1, "Instruction": "Write."}) + "\n")
+    out = tmp_path / "chat.json"
+    assert ce.main(runs[:1] + ["--benchmarks", "wizardlm", "--wizardlm", str(wiz), "--judge_url", server.url,
+                               "--judge_model", "j", "--out", str(out)]) == 0
+    assert "WARNING: 1 WizardLM question(s) of math / reasoning / coding have no reference" in capsys.readouterr().err
+    report = json.loads(out.read_text())
+    assert report["missing_references"] == {"wizardlm": [1]}
+    assert report["models"]["base"]["wizardlm"]["prompts"] == {"single-v1": 2}
+
+
+def test_answer_cache_key_names_the_dtype(tmp_path, monkeypatch):
+    loads = []
+    runs = _fake_runs(tmp_path, monkeypatch, loads)
+    argv = runs[:1] + ["--benchmarks", "mt_bench", "--limit", "1", "--cache", str(tmp_path / "c.jsonl")]
+    assert ce.main(argv) == 0 and ce.main(argv) == 0 and loads == runs[:1]
+    assert ce.main(argv + ["--dtype", "bfloat16"]) == 0 and loads == runs[:1] * 2     # other numbers: answered again
+
+
+def test_padded_vocabulary_rows_are_never_answered(tmp_path, judge_server):
+    """A byte-vocabulary run with the model's 320 rows, whose 63 padding rows would win every argmax and sample."""
+    import torch
+    from dataclasses import asdict
+    model = _tiny_model(vocab_size=320)
+    with torch.no_grad():
+        model.lm_head.weight[:257] = 0
+        model.lm_head.weight[257:] *= 100
+    run = tmp_path / "sft_padded"
+    run.mkdir()
+    torch.save({"model": model.state_dict(), "model_config": asdict(model.config), "config": {"tokenizer": "bytes"},
+                "step": 1}, run / "ckpt_1.pt")
+    mt = tmp_path / "q.jsonl"
+    mt.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": ["Hi?", "More?"]}) + "\n"
+                          for i, c in ((1, "writing"), (2, "math"))))         # sampled, and greedy
+    out = tmp_path / "a.json"
+    assert ce.main([str(run), "--benchmarks", "mt_bench", "--mt_bench", str(mt), "--max_new_tokens", "4",
+                    "--out", str(out), "--device", "cpu"]) == 0
+    answers = json.loads(out.read_text())["models"]["sft_padded"]["answers"]["mt_bench"]
+    assert sorted(answers) == ["1", "2"] and all(len(a) == 2 for a in answers.values())
