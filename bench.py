@@ -20,6 +20,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
+from evaluate import check_device
 from model import PRESETS, Llama
 from train import Config, JregObjective, PEAK_FLOPS, peak_flops
 
@@ -62,7 +63,7 @@ def main():
     for name, low in (("micro_batch", 1), ("seq_len", 1), ("repeats", 1), ("warmup", 0), ("vocab_size", 1)):
         if getattr(args, name) is not None and getattr(args, name) < low:
             raise SystemExit(f"error: --{name} must be at least {low}, got {getattr(args, name)}")
-    device = torch.device(args.device)
+    device = torch.device(check_device(args.device))
     torch.backends.cuda.matmul.allow_tf32 = True
     mcfg = PRESETS[args.preset]
     mcfg = dataclasses.replace(mcfg, max_seq_len=max(mcfg.max_seq_len, args.seq_len),

@@ -7,20 +7,31 @@ Talk to a model: batched generation with a key/value cache, and an interactive c
     python chat.py --hf DIR --gguf model.gguf
     python chat.py --bench --preset small                     # generation speed, cached vs uncached
 
-In the chat, each line you type is a user turn; the conversation keeps its history (the oldest turns are dropped
-when it outgrows the model's context), `/clear` starts over, Ctrl-D (end of input) quits. Prompts use the chat
-template of sft.py (plain-text role headers, `<|endoftext|>` closing each assistant turn); a --hf model whose
-tokenizer has its own chat template uses that one.
+In the chat, each line you type is a user turn and the reply streams as it is generated. The conversation keeps its
+whole history while its prompt fits the model's context (max_seq_len); the reply is then capped at the tokens left
+(said on stderr when the cap bites), and only when the prompt alone no longer fits are the oldest turns dropped (said
+on stderr). `/clear` starts over; Ctrl-C during a reply stops it there and the part shown stays in the conversation
+as the reply (a reply stopped before any text is dropped with its question); Ctrl-C at the prompt gives a fresh
+prompt; Ctrl-D (end of input) quits. Prompts use the chat template of sft.py (plain-text role headers,
+`<|endoftext|>` closing each assistant turn); a --hf model whose tokenizer has its own chat template uses that one.
 
     generate(model, prompts, max_new_tokens=256, temperature=0.0, top_p=1.0, stop_ids=None,
-             stop_texts=("<|user|>",), enc=None, seed=None) -> [[new token ids] per prompt]
+             stop_texts=("<|user|>",), enc=None, seed=None, *, top_k=50, vocab_limit=None, on_token=None)
+             -> [[new token ids] per prompt]
 
 Prompts of different lengths run as one left-padded batch; an attention mask hides the padding and the position
-ids start at 0 in every row, so a row's tokens do not depend on its batch. The cached path runs the model's own
-modules (embedding, norms, projections, RoPE buffer, MLP, LM head); Llama.forward, the training path, is untouched.
-A row stops at a token of stop_ids (default: enc's end-of-text), when its decoded text contains one of stop_texts
-(needs enc), after max_new_tokens, or when the model's context (max_seq_len) is full; the stop token or text is
-not returned.
+ids start at 0 in every row, so a row's tokens do not depend on its batch. The model's own forward does the work
+(Llama.forward with model.KVCache: the attention of training, reading earlier keys from the cache).
+Only ids the tokenizer can decode are generated: the head's padded rows (320 for 257 byte tokens, 50,304 for GPT-2's
+50,257) are masked before greedy choice and sampling, up to vocab_limit (default: enc.n_vocab of a tiktoken
+Encoding, len() of a Hugging Face tokenizer; without enc, the whole head). Sampling: temperature, then the top_k
+most likely tokens (default 50, Hugging Face generate's default, so answers are sampled as FastChat's
+gen_model_answer samples them; 0 = off), then the top_p nucleus. A row stops at a token of stop_ids (default: enc's
+end-of-text), when its decoded text contains one of stop_texts past its first character (needs enc; as FastChat,
+`text.find(stop) > 0`: a stop text at the very start of the reply neither ends nor cuts it), after max_new_tokens,
+or when the context (max_seq_len) is full; the stop token or text is not returned. on_token(row, token) is called
+for each token as it is kept (a stop text's first tokens are taken back when it completes: chat.py's stream holds
+back any text that could begin one).
 """
 import argparse
 import math
@@ -30,57 +41,21 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from model import PRESETS, Llama, apply_rope
+from model import PRESETS, KVCache, Llama
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Generation with a preallocated key/value cache
+# Generation through the model's forward with a key/value cache
 
-class KVCache:
-    """Keys and values of every layer for batch × max_len positions, and which of those positions are real
-    tokens (not left padding)."""
-
-    def __init__(self, cfg, batch, max_len, device, dtype):
-        shape = (cfg.n_layer, batch, cfg.n_kv_head, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.real = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
-        self.len = 0
-
-
-def forward_cached(model, idx, positions, real, cache):
-    """Append idx [B, T] (RoPE positions [B, T], real [B, T]: False for padding) to the cache and return the
-    logits of its last position [B, vocab]. Llama.forward's arithmetic, attending over the cached keys."""
-    B, T = idx.shape
-    start, end = cache.len, cache.len + T
-    cache.real[:, start:end] = real
-    cos, sin = model.rope_cos[positions].unsqueeze(1), model.rope_sin[positions].unsqueeze(1)   # [B, 1, T, hd]
-    # query t sees the real keys up to its own slot, and itself (so a padding query is never all-masked: no NaN)
-    slot, query = torch.arange(end, device=idx.device), torch.arange(start, end, device=idx.device)[:, None]
-    mask = (cache.real[:, None, :end] & (slot <= query)) | (slot == query)                       # [B, T, end]
-    mask = mask.unsqueeze(1)
-    x = model.tok_emb(idx)
-    for i, block in enumerate(model.layers):
-        a, h = block.attn, block.attn_norm(x)
-        q = a.q_proj(h).view(B, T, a.n_head, a.head_dim).transpose(1, 2)
-        k = a.k_proj(h).view(B, T, a.n_kv_head, a.head_dim).transpose(1, 2)
-        v = a.v_proj(h).view(B, T, a.n_kv_head, a.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        cache.k[i, :, :, start:end], cache.v[i, :, :, start:end] = k, v
-        y = F.scaled_dot_product_attention(q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], attn_mask=mask,
-                                           enable_gqa=a.n_kv_head != a.n_head)
-        x = x + a.o_proj(y.transpose(1, 2).reshape(B, T, -1))
-        x = x + block.mlp(block.mlp_norm(x))
-    cache.len = end
-    return model.lm_head(model.norm(x[:, -1]))
-
-
-def sample(logits, temperature, top_p, generator):
-    """Greedy (temperature 0) or a sample from softmax(logits / temperature) restricted to the smallest set of
-    most likely tokens whose mass reaches top_p (the most likely token is always kept)."""
+def sample(logits, temperature, top_p, generator, top_k=0):
+    """Greedy (temperature 0) or a sample from softmax(logits / temperature) restricted to the top_k most likely
+    tokens (0: all), then to the smallest set of those whose mass reaches top_p (the most likely is always kept)."""
     if temperature == 0:
         return logits.argmax(-1)
-    probs = F.softmax(logits.float() / temperature, dim=-1)
+    logits = logits.float() / temperature
+    if 0 < top_k < logits.size(-1):
+        logits = logits.masked_fill(logits < logits.topk(top_k).values[:, -1:], float("-inf"))
+    probs = F.softmax(logits, dim=-1)
     if top_p < 1:
         p, order = probs.sort(-1, descending=True)
         p[(p.cumsum(-1) - p) >= top_p] = 0                   # mass before the token already reaches top_p
@@ -93,10 +68,16 @@ def eot_of(enc):
     return enc.eot_token if hasattr(enc, "eot_token") else enc.eos_token_id
 
 
+def vocab_of(enc):
+    """How many ids a tokenizer decodes: a tiktoken Encoding's n_vocab, len() of a Hugging Face tokenizer."""
+    return enc.n_vocab if hasattr(enc, "n_vocab") else len(enc)
+
+
 def cut_at_stop_text(tokens, enc, stop_texts):
-    """tokens up to the one where a stop text starts, or None when the decoded text holds no stop text."""
+    """tokens up to the one where a stop text starts past the first character (FastChat's `find(stop) > 0`), or None
+    when the decoded text holds no such stop text."""
     text = enc.decode(tokens)
-    starts = [text.find(s) for s in stop_texts if s in text]
+    starts = [i for s in stop_texts if (i := text.find(s)) > 0]
     if not starts:
         return None
     k = len(tokens)
@@ -107,19 +88,22 @@ def cut_at_stop_text(tokens, enc, stop_texts):
 
 @torch.inference_mode()
 def generate(model, prompts, max_new_tokens=256, temperature=0.0, top_p=1.0, stop_ids=None,
-             stop_texts=("<|user|>",), enc=None, seed=None):
+             stop_texts=("<|user|>",), enc=None, seed=None, *, top_k=50, vocab_limit=None, on_token=None):
     """New tokens for each prompt (lists of ids), as one left-padded batch. See the module docstring."""
     cfg = model.config
     if not prompts or min(map(len, prompts)) < 1:
         raise ValueError("generate needs at least one prompt, each of at least one token")
     if max(map(len, prompts)) >= cfg.max_seq_len:
         raise ValueError(f"a prompt of {max(map(len, prompts))} tokens leaves no room in max_seq_len {cfg.max_seq_len}")
-    if not (max_new_tokens >= 0 and math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):
-        raise ValueError(f"bad settings: max_new_tokens={max_new_tokens}, temperature={temperature}, top_p={top_p}")
+    if not (max_new_tokens >= 0 and math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1
+            and top_k >= 0 and (vocab_limit is None or vocab_limit >= 1)):
+        raise ValueError(f"bad settings: max_new_tokens={max_new_tokens}, temperature={temperature}, top_p={top_p}, "
+                         f"top_k={top_k}, vocab_limit={vocab_limit}")
     stop_texts = tuple(stop_texts or ())
     if stop_texts and enc is None:
         raise ValueError("stop_texts need enc (a tokenizer) to decode the generated tokens")
     stop_ids = set((eot_of(enc),) if stop_ids is None and enc is not None else stop_ids or ())
+    vocab = min(vocab_limit or (vocab_of(enc) if enc is not None else cfg.vocab_size), cfg.vocab_size)
     device, dtype = model.tok_emb.weight.device, model.tok_emb.weight.dtype
     B, P = len(prompts), max(map(len, prompts))
     lengths = torch.tensor([len(p) for p in prompts], device=device)
@@ -132,9 +116,10 @@ def generate(model, prompts, max_new_tokens=256, temperature=0.0, top_p=1.0, sto
     real = torch.arange(P, device=device) >= (P - lengths)[:, None]
     positions = (torch.arange(P, device=device) - (P - lengths)[:, None]).clamp(min=0)
     cache = KVCache(cfg, B, P + max(limits), device, dtype)
-    logits = forward_cached(model, idx, positions, real, cache)
+    logits = model(idx, cache=cache, positions=positions, real=real, logits_to_keep=1).logits[:, -1]
     for step in range(max(limits)):
-        next_ids = sample(logits, temperature, top_p, generator)
+        logits[:, vocab:] = float("-inf")                   # the head's padded rows: ids the tokenizer cannot decode
+        next_ids = sample(logits, temperature, top_p, generator, top_k)
         for b, token in enumerate(next_ids.tolist()):
             if done[b]:
                 continue
@@ -145,12 +130,13 @@ def generate(model, prompts, max_new_tokens=256, temperature=0.0, top_p=1.0, sto
             cut = cut_at_stop_text(out[b], enc, stop_texts) if stop_texts else None
             if cut is not None:
                 out[b], done[b] = cut, True
+            elif on_token is not None:
+                on_token(b, token)
             done[b] = done[b] or len(out[b]) >= limits[b]
         if all(done):
             break
         positions = (lengths + step).clamp(max=cfg.max_seq_len - 1)[:, None]     # finished rows: any position
-        logits = forward_cached(model, next_ids[:, None], positions,
-                                torch.ones_like(positions, dtype=torch.bool), cache)
+        logits = model(next_ids[:, None], cache=cache, positions=positions).logits[:, -1]
     return out
 
 
@@ -171,7 +157,7 @@ class HFTokenizer:
     """The face of a tiktoken Encoding (encode_ordinary, decode, eot_token) on a Hugging Face tokenizer."""
 
     def __init__(self, hf):
-        self.hf, self.eot_token = hf, hf.eos_token_id
+        self.hf, self.eot_token, self.n_vocab = hf, hf.eos_token_id, len(hf)
 
     def encode_ordinary(self, text):
         return self.hf.encode(text, add_special_tokens=False)
@@ -205,8 +191,9 @@ def chat_prompt(messages, enc):
 
 
 def fit_context(messages, enc, max_seq_len, room):
-    """Drop the oldest turns (a system message stays) until the prompt leaves `room` tokens of the context;
-    (messages, prompt ids), or (messages without the last one, None) when that last message alone is too long."""
+    """Drop the oldest turns (a system message stays) until the prompt leaves `room` tokens of the context (the chat:
+    room 1, all the history that fits); (messages, prompt ids), or (messages without the last one, None) when that
+    last message alone is too long."""
     first = 1 if messages[0]["role"] == "system" else 0
     while True:
         ids = chat_prompt(messages, enc)
@@ -220,18 +207,57 @@ def fit_context(messages, enc, max_seq_len, room):
 # ----------------------------------------------------------------------------------------------------------
 # Entry points: the terminal chat and the speed measurement
 
+def shown_part(text, stop_texts):
+    """What a partial reply can show already: not its incomplete last character (U+FFFD while a multi-byte
+    character is still arriving), trailing white space, or an end that could begin a stop text."""
+    text = text.rstrip().rstrip("\ufffd").rstrip()
+    for s in stop_texts:
+        k = next((k for k in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:k])), 0)
+        text = text[:len(text) - k].rstrip()
+    return text
+
+
+def reply(model, enc, ids, args, stop_texts=("<|user|>",)):
+    """Generate the reply to prompt ids, printed as it comes; (its text, True when Ctrl-C stopped it)."""
+    tokens, shown = [], ""
+
+    def on_token(row, token):
+        nonlocal shown
+        tokens.append(token)
+        now = shown_part(enc.decode(tokens).lstrip(), stop_texts)
+        if now.startswith(shown):
+            print(now[len(shown):], end="", flush=True)
+            shown = now
+    print("assistant> ", end="", flush=True)
+    try:
+        new = generate(model, [ids], args.max_new_tokens, args.temperature, args.top_p, stop_texts=stop_texts,
+                       enc=enc, seed=args.seed, top_k=args.top_k, on_token=on_token)[0]
+    except KeyboardInterrupt:
+        print(flush=True)
+        return shown, True
+    text = enc.decode(new).strip()
+    print(text[len(shown):] if text.startswith(shown) else "\n" + text, flush=True)
+    room = model.config.max_seq_len - len(ids)
+    if room < args.max_new_tokens and len(new) == room:
+        print(f"(reply cut at {room} tokens: the context of {model.config.max_seq_len} is full)", file=sys.stderr)
+    return text, False
+
+
 def chat(model, enc, name, args):
-    interactive = sys.stdin.isatty()
+    interactive, ctx = sys.stdin.isatty(), model.config.max_seq_len
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)
     print(f"chatting with {name}: {model.num_params() / 1e6:.1f}M parameters, temperature {args.temperature}, "
-          f"top_p {args.top_p}; /clear starts over, Ctrl-D quits", file=sys.stderr)
-    room = min(args.max_new_tokens, model.config.max_seq_len // 2)
+          f"top_k {args.top_k}, top_p {args.top_p}; /clear starts over, Ctrl-C stops a reply, Ctrl-D quits",
+          file=sys.stderr)
     while True:
         try:
             line = input("user> " if interactive else "").strip()
         except EOFError:
             break
+        except KeyboardInterrupt:                            # a fresh prompt
+            print(file=sys.stderr)
+            continue
         if line in ("/quit", "/exit"):
             break
         if line == "/clear":
@@ -239,14 +265,19 @@ def chat(model, enc, name, args):
             continue
         if not line:
             continue
-        messages, ids = fit_context(messages + [{"role": "user", "content": line}], enc, model.config.max_seq_len, room)
+        kept, ids = fit_context(messages + [{"role": "user", "content": line}], enc, ctx, 1)
         if ids is None:
-            print(f"(message too long for the model's context of {model.config.max_seq_len} tokens)", file=sys.stderr)
+            print(f"(message too long for the model's context of {ctx} tokens)", file=sys.stderr)
             continue
-        new = generate(model, [ids], args.max_new_tokens, args.temperature, args.top_p, enc=enc, seed=args.seed)[0]
-        reply = enc.decode(new).strip()
-        print(f"assistant> {reply}", flush=True)
-        messages.append({"role": "assistant", "content": reply})
+        if len(kept) <= len(messages):
+            print(f"(the oldest {len(messages) + 1 - len(kept)} messages dropped: the conversation outgrew the "
+                  f"context of {ctx} tokens)", file=sys.stderr)
+        text, stopped = reply(model, enc, ids, args)
+        if stopped:
+            print("(stopped: " + ("the part shown is kept as the reply)" if text else "question dropped)"),
+                  file=sys.stderr)
+        if text or not stopped:
+            messages = kept + [{"role": "assistant", "content": text}]
 
 
 def bench(model, args):
@@ -278,6 +309,8 @@ def parse_args(argv=None):
     p.add_argument("--hf", help="a Hugging Face Llama: hub name or local folder")
     p.add_argument("--gguf", help="a GGUF file inside the --hf folder")
     p.add_argument("--temperature", type=float, default=0.7, help="0: greedy")
+    p.add_argument("--top_k", type=int, default=50, help="sample among the k most likely tokens; 0: off (default 50, "
+                   "as Hugging Face's generate)")
     p.add_argument("--top_p", type=float, default=0.9, help="nucleus sampling mass, in (0, 1]")
     p.add_argument("--max_new_tokens", type=int, default=None, help="per reply (default 256; --bench: 64)")
     p.add_argument("--system", default="", help="a system message opening the conversation")
@@ -296,7 +329,7 @@ def parse_args(argv=None):
     for key in ("max_new_tokens", "batch", "prompt_len", "repeats"):
         if getattr(args, key) is not None and getattr(args, key) < 1:
             raise SystemExit(f"error: --{key} must be >= 1, not {getattr(args, key)}")
-    for key in ("step", "seed"):
+    for key in ("step", "seed", "top_k"):
         if getattr(args, key) is not None and getattr(args, key) < 0:
             raise SystemExit(f"error: --{key} must be >= 0, not {getattr(args, key)}")
     if args.run_dir and args.hf:
@@ -307,6 +340,8 @@ def parse_args(argv=None):
         raise SystemExit("error: --gguf needs --hf DIR")
     if args.hf and args.step is not None:
         raise SystemExit("error: --step is for run folders, not --hf")
+    from evaluate import check_device
+    args.device = check_device(args.device)
     return args
 
 

@@ -10,6 +10,12 @@ F.scaled_dot_product_attention, SwiGLU MLP, no biases, final RMSNorm, LM head. N
     out.hidden_states   [h_0, h_1, ..., h_L]: h_0 the embedding output, h_l the raw residual stream after block l
     out.final_hidden    norm(h_L), the vector the LM head reads (what Hugging Face reports as its last hidden state)
 
+    out = model(idx, cache=KVCache(cfg, B, max_len, device, dtype), positions=pos, real=real)   # generation
+        appends idx after the cache.len positions already cached: the same modules and attention as training, the
+        keys and values of earlier positions read from the cache. positions [B, T] are the RoPE positions (default:
+        cache.len onwards), real [B, T] is False at left padding, which no query attends to. Without a cache the
+        forward is exactly the training forward (causal attention over idx, positions 0..T-1).
+
 The streams are the tensors autograd keeps for the backward pass anyway, so returning them is free.
 Llama.from_hf / Llama.to_hf convert to and from transformers' LlamaForCausalLM (imported only there).
 """
@@ -83,6 +89,32 @@ def apply_rope(x, cos, sin):
     return (x * cos + rotated * sin).to(x.dtype)
 
 
+class KVCache:
+    """Keys and values of every layer for batch × max_len slots, which slots hold real tokens (not left padding),
+    and how many slots are filled (len); `mask` is the attention mask of the forward in progress."""
+
+    def __init__(self, cfg: LlamaConfig, batch, max_len, device, dtype):
+        shape = (cfg.n_layer, batch, cfg.n_kv_head, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.real = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
+        self.len, self.mask = 0, None
+
+    def start(self, real):
+        """Open slots len..len+T for the new tokens (real [B, T]); a query sees the real keys up to its own slot, and
+        itself (so a padding query is never all-masked: no NaN)."""
+        start, end = self.len, self.len + real.size(1)
+        self.real[:, start:end] = real
+        slot, query = torch.arange(end, device=real.device), torch.arange(start, end, device=real.device)[:, None]
+        self.mask = ((self.real[:, None, :end] & (slot <= query)) | (slot == query)).unsqueeze(1)   # [B, 1, T, end]
+
+    def update(self, layer, k, v):
+        """Store this layer's new keys and values [B, kv_heads, T, hd]; return those of every slot so far."""
+        end = self.len + k.size(2)
+        self.k[layer, :, :, self.len:end], self.v[layer, :, :, self.len:end] = k, v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -92,13 +124,16 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=False)
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, cache=None, layer=0):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if cache is None else cache.mask,
+                                           is_causal=cache is None, enable_gqa=self.n_kv_head != self.n_head)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -121,8 +156,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin):
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def forward(self, x, cos, sin, cache=None, layer=0):
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -158,17 +193,27 @@ class Llama(nn.Module):
             else:
                 nn.init.normal_(p, 0.0, std)
 
-    def forward(self, idx, targets=None):
-        T = idx.size(1)
-        assert T <= self.config.max_seq_len, f"sequence length {T} > max_seq_len {self.config.max_seq_len}"
-        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+    def forward(self, idx, targets=None, cache=None, positions=None, real=None, logits_to_keep=0):
+        """See the module docstring; logits_to_keep > 0: logits of the last that many positions only (as in HF)."""
+        B, T = idx.shape
+        if cache is None:
+            assert positions is None and real is None, "positions and real go with a cache"
+            assert T <= self.config.max_seq_len, f"sequence length {T} > max_seq_len {self.config.max_seq_len}"
+            cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        else:
+            if positions is None:
+                positions = torch.arange(cache.len, cache.len + T, device=idx.device).expand(B, T)
+            cos, sin = self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)   # [B, 1, T, hd]
+            cache.start(torch.ones_like(idx, dtype=torch.bool) if real is None else real)
         x = self.tok_emb(idx)
         hidden_states = [x]
-        for block in self.layers:
-            x = block(x, cos, sin)
+        for i, block in enumerate(self.layers):
+            x = block(x, cos, sin, cache, i)
             hidden_states.append(x)
+        if cache is not None:
+            cache.len += T
         final_hidden = self.norm(x)
-        logits = self.lm_head(final_hidden)
+        logits = self.lm_head(final_hidden[:, -logits_to_keep:] if logits_to_keep else final_hidden)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1)

@@ -8,9 +8,11 @@ import sys
 import pytest
 import torch
 
+import torch.nn.functional as F
+
 import chat
 from chat import generate, generate_uncached
-from model import Llama, LlamaConfig
+from model import Attention, KVCache, Llama, LlamaConfig, apply_rope
 from prepare_fineweb import get_tokenizer
 from sft import prompt_ids, render
 
@@ -129,6 +131,101 @@ def test_stops_and_limits(trained, enc):
         generate(trained, [hi])
 
 
+def padded_model():
+    """A byte-vocabulary model whose head is padded to 320 rows, and padded row 317 wins every choice: the head reads
+    channel 0 alone, which stays positive (the embedding sets it, no block writes to it)."""
+    torch.manual_seed(0)
+    model = Llama(dataclasses.replace(CFG, vocab_size=320)).eval()
+    with torch.no_grad():
+        model.norm.weight.zero_()
+        model.norm.weight[0] = 1
+        model.tok_emb.weight[:, 0] = 5.0
+        for block in model.layers:
+            block.attn.o_proj.weight[0] = block.mlp.down_proj.weight[0] = 0
+        model.lm_head.weight[317, 0] = 100.0
+    return model
+
+
+def test_padded_ids_are_never_generated(enc, tmp_path, monkeypatch, capsys):
+    model, kw = padded_model(), dict(stop_ids=(), stop_texts=())
+    assert generate(model, PROMPTS, 8, **kw) == [[317] * 8] * 4                  # without enc: the whole head
+    for temperature, top_k in ((0.0, 50), (1.0, 50), (1.0, 0)):
+        out = generate(model, PROMPTS, 30, temperature, enc=enc, seed=0, top_k=top_k, **kw)
+        assert max(map(max, out)) < 257 and len({t for row in out for t in row}) > (temperature > 0) * 20
+    assert max(map(max, generate(model, PROMPTS, 30, 1.0, enc=enc, seed=0, vocab_limit=100, **kw))) < 100
+    save_run(model, tmp_path)                                                    # chat.py decodes every reply
+    for argv in (["--temperature", "0"], ["--temperature", "1", "--seed", "0"]):
+        assert len(run_chat([str(tmp_path), "--max_new_tokens", "8"] + argv, "a\n", monkeypatch, capsys)[0]) == 1
+
+
+def test_top_k_then_top_p():
+    logits, gen = torch.tensor([0.5, 0.3, 0.2]).log().expand(20000, 3), lambda: torch.Generator().manual_seed(0)
+    draws = chat.sample(logits, 1.0, 1.0, gen(), top_k=2)
+    assert set(draws.tolist()) == {0, 1} and abs((draws == 0).float().mean().item() - 0.625) < 0.02
+    assert set(chat.sample(logits, 1.0, 0.6, gen(), top_k=2).tolist()) == {0}      # top_p of the top 2: 0.625 > 0.6
+    assert set(chat.sample(logits, 1.0, 0.6, gen()).tolist()) == {0, 1}            # top_p alone: 0.5 < 0.6
+    assert set(chat.sample(logits, 1.0, 1.0, gen(), top_k=0).tolist()) == {0, 1, 2}
+    model, kw = random_model(), dict(max_new_tokens=20, stop_ids=(), stop_texts=())
+    assert generate(model, PROMPTS, temperature=1.0, top_k=1, seed=3, **kw) == generate(model, PROMPTS, **kw)
+    default = generate(model, PROMPTS, temperature=3.0, seed=4, **kw)               # default: top_k 50
+    assert default == generate(model, PROMPTS, temperature=3.0, seed=4, top_k=50, **kw)
+    assert default != generate(model, PROMPTS, temperature=3.0, seed=4, top_k=0, **kw)
+
+
+def test_a_stop_text_at_the_start_does_not_stop(trained, enc):
+    """As FastChat's gen_model_answer: the reply is cut at a stop text only where text.find(stop) > 0."""
+    ids, stop = enc.encode_ordinary, ("<|user|>",)
+    assert chat.cut_at_stop_text(ids("<|user|>x<|user|>"), enc, stop) is None
+    assert chat.cut_at_stop_text(ids("ab<|user|>x"), enc, stop) == ids("ab")
+    yes = prompt_ids([U("c")], enc)
+    assert enc.decode(generate(trained, [yes], 30, enc=enc, stop_texts=("Yes",))[0]).startswith("Yes\n<|user|>\nc")
+    assert generate(trained, [yes], 30, enc=enc, stop_texts=("es",))[0] == ids("Y")
+
+
+def training_forward_as_before(model, idx, targets):
+    """model.py's training forward as it was before generation shared it, written out: (logits, loss, streams)."""
+    (B, T), cos, sin = idx.shape, model.rope_cos[:idx.size(1)], model.rope_sin[:idx.size(1)]
+    x = model.tok_emb(idx)
+    streams = [x]
+    for block in model.layers:
+        a, h = block.attn, block.attn_norm(x)
+        q = a.q_proj(h).view(B, T, a.n_head, a.head_dim).transpose(1, 2)
+        k = a.k_proj(h).view(B, T, a.n_kv_head, a.head_dim).transpose(1, 2)
+        v = a.v_proj(h).view(B, T, a.n_kv_head, a.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=a.n_kv_head != a.n_head)
+        x = x + a.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+        x = x + block.mlp(block.mlp_norm(x))
+        streams.append(x)
+    logits = model.lm_head(model.norm(x))
+    return logits, F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1), streams
+
+
+def test_training_forward_is_unchanged_and_a_full_prefill_equals_it():
+    model = random_model()
+    torch.manual_seed(1)
+    idx, targets = torch.randint(0, 257, (3, 40)), torch.randint(-1, 257, (3, 40))
+    out, ref = model(idx, targets), training_forward_as_before(model, idx, targets)
+    assert torch.equal(out.logits, ref[0]) and torch.equal(out.loss, ref[1])
+    assert all(torch.equal(a, b) for a, b in zip(out.hidden_states, ref[2], strict=True))
+    grads = torch.autograd.grad(out.loss, list(model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(grads, torch.autograd.grad(ref[1], list(model.parameters()))))
+    with torch.no_grad():
+        cached = model(idx, targets, cache=KVCache(model.config, 3, 40, "cpu", torch.float32))
+    assert all(torch.equal(a, b) for a, b in zip(cached.hidden_states, out.hidden_states, strict=True))
+    assert torch.equal(cached.logits, out.logits) and torch.equal(cached.loss, out.loss)
+
+
+def test_generation_and_training_share_one_attention(monkeypatch):
+    """An ablation of Attention (its output scaled) changes cached generation and the training forward alike."""
+    model, kw = random_model(), dict(stop_ids=(), stop_texts=())
+    before = generate(model, PROMPTS, 12, **kw)
+    forward = Attention.forward
+    monkeypatch.setattr(Attention, "forward", lambda self, *a, **k: 3.0 * forward(self, *a, **k))
+    after = generate(model, PROMPTS, 12, **kw)
+    assert after != before and after == [generate_uncached(model, [p], 12)[0] for p in PROMPTS]
+
+
 # ---- the command line ------------------------------------------------------------------------------------
 
 def run_chat(argv, stdin, monkeypatch, capsys):
@@ -139,13 +236,17 @@ def run_chat(argv, stdin, monkeypatch, capsys):
     return [line.removeprefix("assistant> ") for line in out.out.splitlines() if line.startswith("assistant> ")], out.err
 
 
+def save_run(model, path):
+    """A run folder holding one checkpoint of model (byte tokens), as train.py's save_checkpoint writes it."""
+    ckpt = {"model": model.state_dict(), "optimizer": {}, "model_config": dataclasses.asdict(model.config),
+            "config": {"tokenizer": "bytes"}, "step": 300, "tokens": 0, "data_state": {}, "rng": {}}
+    torch.save(ckpt, path / "ckpt_0000300.pt")
+    return str(path)
+
+
 @pytest.fixture
 def run_dir(trained, tmp_path):
-    """A run folder holding one checkpoint, as train.py's save_checkpoint writes it."""
-    ckpt = {"model": trained.state_dict(), "optimizer": {}, "model_config": dataclasses.asdict(CFG),
-            "config": {"tokenizer": "bytes"}, "step": 300, "tokens": 0, "data_state": {}, "rng": {}}
-    torch.save(ckpt, tmp_path / "ckpt_0000300.pt")
-    return str(tmp_path)
+    return save_run(trained, tmp_path)
 
 
 def test_chat_command_line(run_dir):
@@ -161,12 +262,55 @@ def test_chat_command_line(run_dir):
 def test_chat_history_and_steps(run_dir, monkeypatch, capsys):
     args = [run_dir, "--temperature", "0", "--step", "300"]
     assert run_chat(args + ["--max_new_tokens", "6"], "a\nb\n", monkeypatch, capsys)[0] == ["Hi!", "Bye!"]
-    # 20 tokens of room do not fit after the first exchange in a 64-token context: it is dropped
-    assert run_chat(args + ["--max_new_tokens", "20"], "a\nb\n", monkeypatch, capsys)[0] == ["Hi!", "Nope"]
+    # the whole history stays while its prompt fits (64 tokens): the reply is capped at what is left instead
+    replies, err = run_chat(args + ["--max_new_tokens", "20", "--top_k", "1"], "a\nb\n", monkeypatch, capsys)
+    assert replies == ["Hi!", "Bye!"] and "dropped" not in err
+    # a 59-token prompt leaves 5 tokens for its reply; the next prompt does not fit with it: that exchange goes
+    replies, err = run_chat(args, "x" * 34 + "\nb\n", monkeypatch, capsys)
+    assert replies[1:] == ["Nope"] and "(the oldest 2 messages dropped: the conversation outgrew the context" in err
+    assert "(reply cut at 5 tokens: the context of 64 is full)" in err
     replies, err = run_chat(args, "x" * 70 + "\nb\n", monkeypatch, capsys)
     assert replies == ["Nope"] and "(message too long for the model's context of 64 tokens)" in err
     with pytest.raises(SystemExit, match=f"error: --step 7: no such checkpoint in {run_dir}"):
         chat.main([run_dir, "--step", "7"])
+
+
+def test_stream_shows_whole_characters_and_no_stop_text(enc):
+    tokens = enc.encode_ordinary("  héllo wörld ✓ 日本\n<|user|>")
+    shown = [chat.shown_part(enc.decode(tokens[:k]).lstrip(), ("<|user|>",)) for k in range(len(tokens))]
+    assert all("\ufffd" not in s and "<" not in s for s in shown) and shown[-1] == "héllo wörld ✓ 日本"
+    assert all(b.startswith(a) for a, b in zip(shown, shown[1:])) and len(set(shown)) > 10
+
+
+def test_ctrl_c_stops_a_reply_and_the_chat_goes_on(run_dir, monkeypatch, capsys):
+    """Ctrl-C after two tokens of a reply: they were shown (streamed) and stay as the reply; Ctrl-C before any text:
+    the question is dropped; Ctrl-C at the prompt: a fresh prompt; the chat goes on to the end of input."""
+    lines, calls, forward, prompts = ["a", KeyboardInterrupt, "b", "c", "b"], [], Llama.forward, []
+    countdown = {"a": 3, "c": 1}                                 # forward calls: the prompt, then one per token
+
+    def fake_input(prompt=""):
+        line = lines.pop(0) if lines else EOFError
+        if not isinstance(line, str):
+            raise line
+        calls[:] = [countdown.get(line, 0)]
+        return line
+
+    def interrupted_forward(self, *a, **k):
+        calls[0] -= 1
+        if calls[0] == 0:
+            raise KeyboardInterrupt
+        return forward(self, *a, **k)
+    chat_prompt = chat.chat_prompt
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    monkeypatch.setattr("builtins.input", fake_input)
+    monkeypatch.setattr(Llama, "forward", interrupted_forward)
+    monkeypatch.setattr(chat, "chat_prompt", lambda m, e: prompts.append(list(m)) or chat_prompt(m, e))
+    chat.main([run_dir, "--temperature", "0", "--max_new_tokens", "6"])
+    out = capsys.readouterr()
+    assert out.out.splitlines()[0] == "assistant> Hi"
+    whole = [p for p in prompts if p[0] == U("a")]                 # each turn's prompt with the whole history
+    assert whole[1] == [U("a"), A("Hi"), U("b")] and whole[-1] == whole[1] + [whole[2][3], U("b")]
+    assert "(stopped: the part shown is kept as the reply)" in out.err and "(stopped: question dropped)" in out.err
 
 
 def test_chat_hf_folder(trained, enc, tmp_path, monkeypatch, capsys):
@@ -180,6 +324,7 @@ def test_chat_hf_folder(trained, enc, tmp_path, monkeypatch, capsys):
     tk.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>")
     assert chat.chat_prompt([U("a")], chat.HFTokenizer(tok)) == prompt_ids([U("a")], enc)
+    assert chat.vocab_of(chat.HFTokenizer(tok)) == chat.vocab_of(tok) == chat.vocab_of(enc) == 257
     trained.to_hf().save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     argv = ["--hf", str(tmp_path), "--temperature", "0", "--max_new_tokens", "6"]
@@ -193,11 +338,22 @@ def test_chat_hf_folder(trained, enc, tmp_path, monkeypatch, capsys):
     (["r", "--top_p", "0"], r"--top_p must be in \(0, 1\]"), (["r", "--top_p", "1.5"], "--top_p"),
     (["r", "--max_new_tokens", "0"], "--max_new_tokens must be >= 1"), (["r", "--step", "-1"], "--step must be >= 0"),
     ([], "give a run folder or --hf"), (["r", "--hf", "x"], "give a run folder or --hf, not both"), (["r", "--gguf", "f"], "--gguf needs --hf"),
-    (["--bench", "--batch", "0"], "--batch must be >= 1"), (["/nonexistent/run"], "run folder /nonexistent/run does not exist"),
+    (["--bench", "--batch", "0"], "--batch must be >= 1"), (["r", "--top_k", "-1"], "--top_k must be >= 0"), (["/nonexistent/run"], "run folder /nonexistent/run does not exist"),
 ])
 def test_option_errors(argv, message):
     with pytest.raises(SystemExit, match="error: " + message):
         chat.main(argv)
+
+
+def test_device_errors(monkeypatch):
+    import bench
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for device in ("tpu", "cuda"):
+        with pytest.raises(SystemExit, match=f"error: --device {device}: choose cpu"):
+            chat.main(["r", "--device", device])
+        monkeypatch.setattr(sys, "argv", ["bench.py", "--device", device, "--no_hf"])
+        with pytest.raises(SystemExit, match=f"error: --device {device}: choose cpu"):
+            bench.main()
 
 
 def test_bench(capsys):
