@@ -33,11 +33,13 @@ import jreg
 import sft
 import train
 from model import Llama, LlamaConfig
-from prepare_fineweb import get_tokenizer, write_atomic
+from prepare_fineweb import get_tokenizer, list_shards, read_shard, write_atomic
 
 
-def _first_line(e):
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+def _first_line(e, limit=240):
+    """An exception as one line: its type and its message with the line breaks folded, cut at `limit` characters."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:limit] + '…' if len(text) > limit else text}"
 
 
 # ==========================================================================================================
@@ -289,18 +291,59 @@ def load_run(run_dir, step=None, device="cpu", dtype=torch.float32, tokenizer=No
     return model.to(device=device, dtype=dtype).eval(), tokenizer or get_tokenizer(config.get("tokenizer", "gpt2")), meta
 
 
+def _hf_kwargs(gguf_file=None, revision=None):
+    return {k: v for k, v in (("gguf_file", gguf_file), ("revision", revision)) if v}
+
+
+def hf_name(name_or_path, gguf_file=None, revision=None):
+    """How messages name a Hugging Face model: the folder or hub name, its GGUF file, @revision."""
+    return (os.path.join(name_or_path, gguf_file) if gguf_file else name_or_path) + (f"@{revision}" if revision else "")
+
+
+def check_hf_source(path, gguf_file=None, revision=None, local=False):
+    """A local model (a path, or `local`) must exist and be a Hugging Face folder or a GGUF file there, and takes no
+    revision (from_pretrained ignores it for a folder); a hub name is checked when it is loaded."""
+    if not (local or os.path.isabs(path) or path.startswith(".") or os.path.exists(path)):
+        return
+    where = hf_name(path, gguf_file)
+    if revision:
+        raise SystemExit(f"error: {where}@{revision}: a revision is a hub branch, tag or commit, but {where} is local "
+                         "(give the folder of that checkpoint instead)")
+    if gguf_file and not os.path.isfile(where):
+        raise SystemExit(f"error: GGUF file {where} does not exist")
+    if not os.path.isdir(path):
+        raise SystemExit(f"error: Hugging Face model folder {path} does not exist")
+    if not gguf_file and not os.path.isfile(os.path.join(path, "config.json")):
+        run = " (a run folder of train.py: give it without --hf)" if train.list_checkpoints(path) else ""
+        raise SystemExit(f"error: {path} is not a Hugging Face model folder: it has no config.json{run}")
+
+
 def load_hf(name_or_path, gguf_file=None, device="cpu", dtype=torch.float32, revision=None):
     """A transformers causal LM and its tokenizer; gguf_file and revision (a hub branch, tag or commit, e.g. Pythia's
-    "step1000") are passed to both from_pretrained calls."""
+    "step1000") are passed to both from_pretrained calls. A failure (missing, offline, not a causal LM, broken files,
+    out of memory) is one error line naming the model and the part that failed."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    kwargs = {k: v for k, v in (("gguf_file", gguf_file), ("revision", revision)) if v}
+    kwargs, part = _hf_kwargs(gguf_file, revision), "tokenizer"
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
+        part = "weights"
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).to(device).eval()
     except Exception as e:
-        at = f"@{revision}" if revision else ""
-        raise SystemExit(f"error: could not load Hugging Face model {name_or_path}{at}: {_first_line(e)}") from e
-    return model.to(device).eval(), tokenizer
+        raise SystemExit(f"error: could not load the {part} of Hugging Face model "
+                         f"{hf_name(name_or_path, gguf_file, revision)}: {_first_line(e)}") from e
+    return model, tokenizer
+
+
+def max_length_of(kind, path, step=None, gguf_file=None):
+    """The longest input of a model before loading its weights: a run's max_seq_len, an HF config's positions."""
+    if kind == "run":
+        return train.load_checkpoint(checkpoint_path(path, step))["model_config"]["max_seq_len"]
+    from transformers import AutoConfig
+    try:
+        return hf_max_length(AutoConfig.from_pretrained(path, **_hf_kwargs(gguf_file)))
+    except Exception as e:
+        raise SystemExit(f"error: could not load the config of Hugging Face model {hf_name(path, gguf_file)}: "
+                         f"{_first_line(e)}") from e
 
 
 def profile_target(hf_model):
@@ -721,12 +764,13 @@ def _layer(values, l, first=1, fmt=".2f"):
 def profile_table(profiles):
     """A row of headline numbers per model, then per model a row per layer: Ψ (raw, normed h_L, without position 0)
     and, where analysed, the logit-lens loss and the loss increase when the block is skipped."""
-    lines = ["| model | layers | tokens | loss | Ψ_L | Ψ_(L-1) | ζ_L | ζ_(L-2) | ζ_L normed |", "|---" * 9 + "|"]
+    lines = ["| model | layers | tokens | loss | Ψ_L | Ψ_(L-1) | ζ_L | ζ_(L-2) | ζ_L normed | window |",
+             "|---" * 10 + "|"]
     for name, p in profiles.items():
         L, psi, zeta = p["n_layer"], p["psi"], p["zeta"]
         lines.append(f"| {name} | {L} | {p['n_tokens']} | {p['loss']:.4f} | {_layer(psi, L, fmt='.4f')} | "
                      f"{_layer(psi, L - 1, fmt='.4f')} | {_layer(zeta, L, 2)} | {_layer(zeta, L - 2, 2)} | "
-                     f"{_layer(p['zeta_normed'], L, 2)} |")
+                     f"{_layer(p['zeta_normed'], L, 2)} | {p.get('seq_len', '–')} |")
     for name, p in profiles.items():
         lines += ["", f"**{name}**" + (f": logit lens and skipped blocks on the first {p['analysis_tokens']} tokens "
                                        f"(loss there {p['analysis_loss']:.4f})" if "analysis_tokens" in p else ""), "",
@@ -896,11 +940,8 @@ def check_args(args):
         parse_tasks([args.profile_task])
     for run_dir in args.runs:
         checkpoint_path(run_dir, args.step)
-    if args.hf and (os.path.isabs(args.hf) or args.hf.startswith(".") or os.path.exists(args.hf)):
-        if not os.path.isdir(args.hf):
-            raise SystemExit(f"error: Hugging Face model folder {args.hf} does not exist")
-        if args.gguf and not os.path.isfile(os.path.join(args.hf, args.gguf)):
-            raise SystemExit(f"error: GGUF file {os.path.join(args.hf, args.gguf)} does not exist")
+    if args.hf:
+        check_hf_source(args.hf, args.gguf)
     if args.profile and args.hf and not (args.shards or args.text or args.profile_task):
         raise SystemExit("error: --profile of --hf needs --shards, --text or --profile_task")
     for path in [args.shards, args.data_dir] + (args.text or []):
@@ -917,10 +958,39 @@ def check_args(args):
     return tasks
 
 
-def profile_windows(args, lm, meta, task_data):
+PROBE = ("The quick brown fox, isn't it?  It's 3.14159 -- or 1,000,000!\n\n\tdef f(x): return x**2  # naïve café, "
+         "Ünïcödé, 中文, русский, 😀\n   spaces   and 'quotes' ")
+
+
+def shards_tokenizer(lm, source):
+    """The tokenizer the val shards of `source` were written with (their header), if the transformers tokenizer of
+    `lm` is that one: it has the shards' end-of-text id, decodes every id of their vocabulary to the same text and
+    encodes PROBE to the same ids. Any other tokenizer is refused in one line: its Ψ and ζ would be meaningless."""
+    files = ([os.path.join(source, e["file"]) for e in sft.read_manifest(source)["shards"] if e["split"] == "val"]
+             if sft.is_conversations(source) else list_shards(source, "val"))
+    if not files:
+        raise SystemExit(f"error: --profile: {source} has no val shards")
+    name, tok = read_shard(files[0])[1]["tokenizer"], lm.tokenizer
+    enc = get_tokenizer(name)
+    ids = list(range(enc.n_vocab))
+    if len(tok) < enc.n_vocab:
+        why = f"it has {len(tok)} tokens, the shards' {enc.n_vocab}"
+    elif tok.eos_token_id != enc.eot_token:
+        why = f"its end-of-text id is {tok.eos_token_id}, the shards' {enc.eot_token}"
+    elif tok.decode(ids, clean_up_tokenization_spaces=False) != enc.decode(ids):
+        why = "its ids decode to other text"
+    elif tok.encode(PROBE, add_special_tokens=False) != enc.encode(PROBE):
+        why = "it encodes a probe text to other ids"
+    else:
+        return name
+    raise SystemExit(f"error: --profile: {source} holds {name} tokens, but the tokenizer of {lm.name} is not {name} "
+                     f"({why}); profile it on --text, which every model encodes itself")
+
+
+def profile_windows(args, lm, meta, task_data, seq_len, tokenizer=None):
     """The windows a model is profiled on, in batches of --batch_size: by default a run's own validation windows
-    (train.val_windows, the windows of train.py's periodic eval), else --shards, --text or --profile_task."""
-    seq_len = min(args.seq_len, lm.max_length)
+    (train.val_windows, the windows of train.py's periodic eval), else --shards, --text or --profile_task. Shards
+    must hold the model's tokenizer's ids: a run's tiktoken name, or `tokenizer` (shards_tokenizer) for --hf."""
     n, source, mask = max(1, args.profile_tokens // seq_len), args.text or args.profile_task or args.shards, None
     if args.text:
         windows = text_windows(lm, args.text, n, seq_len)
@@ -929,7 +999,7 @@ def profile_windows(args, lm, meta, task_data):
     else:
         if not (source := source or meta["config"].get("data_dir")):
             raise SystemExit(f"error: --profile: the run {meta['run_dir']} names no data_dir; give --shards or --text")
-        tokenizer = meta["config"].get("tokenizer") if meta else None          # a run's shards are checked against it
+        tokenizer = lm.tokenizer.name if meta else tokenizer
         if sft.is_conversations(source):                  # conversations: the val windows of a fine-tuning run
             val = sft.PackedStream(source, "val", seq_len, 0, tokenizer, lm.model.config.vocab_size)
             x, y, real = val.batch(0, min(n, val.per_epoch))
@@ -941,8 +1011,9 @@ def profile_windows(args, lm, meta, task_data):
     return list(zip(windows.split(args.batch_size), mask.split(args.batch_size)))
 
 
-def evaluate_model(args, name, kind, path, tasks, task_data, report, save):
-    """Load one model, score the tasks and profile it; report[name] is filled as results come in."""
+def evaluate_model(args, name, kind, path, tasks, task_data, report, save, seq_len=None):
+    """Load one model, score the tasks and profile it on windows of seq_len tokens (None: --seq_len, at most the
+    model's max_length); report[name] is filled as results come in."""
     device, dtype = args.device, getattr(torch, args.dtype)
     if kind == "run":
         model, tokenizer, meta = load_run(path, args.step, device, dtype)
@@ -954,6 +1025,11 @@ def evaluate_model(args, name, kind, path, tasks, task_data, report, save):
         target = profile_target(hf_model) if args.profile else None
         source = {"hf": path, "gguf": args.gguf, "class": type(hf_model).__name__}
     report[name] = entry = {"source": {**source, "max_length": lm.max_length}}
+    if args.profile:                                       # checked before any task is scored
+        seq_len = seq_len or min(args.seq_len, lm.max_length)
+        if seq_len > lm.max_length:
+            raise SystemExit(f"error: --profile: {name} reads at most {lm.max_length} tokens, not {seq_len}")
+        shards = None if kind == "run" or args.text or args.profile_task else shards_tokenizer(lm, args.shards)
     if exits := args.exit_layers:                          # checked against the depth as soon as it is known
         n_layer = len(blocks_and_norm(lm.model)[0])
         exits = list(range(n_layer + 1)) if exits == "all" else exits
@@ -964,9 +1040,9 @@ def evaluate_model(args, name, kind, path, tasks, task_data, report, save):
                        on_task=lambda partial: (entry.update(partial), save()), exits=exits)
     if not args.profile:
         return
-    batches = profile_windows(args, lm, meta, task_data)
+    batches = profile_windows(args, lm, meta, task_data, seq_len, shards)
     analysis = None if args.analysis_tokens == -1 else args.analysis_tokens
-    entry["profile"] = profile_model(target, batches, analysis_tokens=analysis, progress=True)
+    entry["profile"] = {**profile_model(target, batches, analysis_tokens=analysis, progress=True), "seq_len": seq_len}
     save()
     ckpts = train.list_checkpoints(path) if kind == "run" else []
     if args.all_ckpts or (args.plot and len(args.runs) == 1 and not args.hf and len(ckpts) > 1):
@@ -989,6 +1065,13 @@ def main(argv=None):
         name = os.path.basename(os.path.normpath(args.gguf if kind == "hf" and args.gguf else path))
         models[path if name in models or not name else name] = (kind, path)
     config, report = {**vars(args), "tasks": tasks}, {}      # every option, as resolved
+    seq_len = None
+    if args.profile and len(models) > 1:                 # one window length for all: the same windows
+        lengths = {name: max_length_of(kind, path, args.step, args.gguf) for name, (kind, path) in models.items()}
+        config["profile_seq_len"] = seq_len = min(args.seq_len, *lengths.values())
+        if short := [f"{name} ({n})" for name, n in lengths.items() if n < args.seq_len]:
+            print(f"profile windows: {seq_len} tokens for every model (--seq_len {args.seq_len}; max_length of "
+                  f"{', '.join(short)})", file=sys.stderr)
 
     def save(complete=False):                            # --out is rewritten whenever a result comes in
         if not args.out:
@@ -1006,7 +1089,7 @@ def main(argv=None):
             print(f"wrote {args.out}")
 
     for name, (kind, path) in models.items():
-        evaluate_model(args, name, kind, path, tasks, task_data, report, save)
+        evaluate_model(args, name, kind, path, tasks, task_data, report, save, seq_len)
     save(complete=True)
     if tasks:
         print(results_table(report))
@@ -1015,7 +1098,8 @@ def main(argv=None):
         print("\n" + early_exit_table(name, e))
     profiles = {}                                          # a fine-tuning run's profile: all tokens, then its answers
     for name, p in ((name, e["profile"]) for name, e in report.items() if "profile" in e):
-        profiles.update({name: p, **({f"{name} (assistant)": p["assistant"]} if "assistant" in p else {})})
+        profiles.update({name: p, **({f"{name} (assistant)": {**p["assistant"], "seq_len": p["seq_len"]}}
+                                     if "assistant" in p else {})})
     if profiles:
         print(profile_table(profiles))
     if args.plot:

@@ -55,11 +55,8 @@ def check(args):
     for m in models:
         if m["kind"] == "run":
             E.checkpoint_path(m["path"], m["step"])
-        elif m["gguf"] and not os.path.isfile(os.path.join(m["path"], m["gguf"])):
-            raise SystemExit(f"error: GGUF file {m['spec']} does not exist")
-        elif os.path.isabs(m["path"]) or m["path"].startswith(".") or os.path.exists(m["path"]):
-            if not os.path.isdir(m["path"]):
-                raise SystemExit(f"error: Hugging Face model folder {m['path']} does not exist")
+        else:                                             # a local folder or GGUF file: no @REVISION
+            E.check_hf_source(m["path"], m["gguf"], m["revision"], local=bool(m["gguf"]))
     for path in args.text:
         if not os.path.isfile(path):
             raise SystemExit(f"error: --text {path} does not exist")
@@ -99,7 +96,8 @@ def survey_model(m, args):
     t0 = time.time()
     target, lm, source = load(m, args.device, getattr(torch, args.dtype))
     t1 = time.time()
-    seq_len = min(args.seq_len, lm.max_length)
+    if (seq_len := min(args.seq_len, lm.max_length)) < args.seq_len:
+        print(f"{m['spec']}: windows of {seq_len} tokens, its max_length (--seq_len {args.seq_len})", file=sys.stderr)
     windows = E.text_windows(lm, args.text, max(1, args.tokens // seq_len), seq_len)
     if len(windows) == 0:
         raise SystemExit(f"error: --text holds fewer than {seq_len + 1} tokens of {m['spec']}")

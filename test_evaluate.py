@@ -533,12 +533,12 @@ def test_profile_of_a_fine_tuning_run_equals_its_eval_and_measures_the_answers(t
 # ---------------------------------------------------------------------------------------------------------
 # 4. command line: errors before any model is loaded, and whole runs on tiny checkpoints (tokenizer "bytes")
 
-def save_run(run_dir, steps=(10, 20), seed=0, n_layer=3, data_dir=None):
+def save_run(run_dir, steps=(10, 20), seed=0, n_layer=3, data_dir=None, max_seq_len=64, config=None):
     os.makedirs(run_dir, exist_ok=True)
     for k, step in enumerate(steps):
-        model = tiny_llama(seed=seed + k, n_layer=n_layer)
+        model = tiny_llama(seed=seed + k, n_layer=n_layer, max_seq_len=max_seq_len)
         torch.save({"model": model.state_dict(), "model_config": dataclasses.asdict(model.config),
-                    "config": {"tokenizer": "bytes", "data_dir": data_dir}, "step": step, "tokens": step * 64,
+                    "config": config or {"tokenizer": "bytes", "data_dir": data_dir}, "step": step, "tokens": step * 64,
                     "optimizer": {}}, os.path.join(run_dir, f"ckpt_{step:07d}.pt"))
     return run_dir
 
@@ -659,7 +659,8 @@ def test_profile_of_a_run_reads_train_val_windows(tmp_path, monkeypatch):
     E.main([run, "--profile", "--seq_len", "16", "--profile_tokens", "64", "--analysis_tokens", "0", "--out", str(out)])
     assert calls == [("DATA", "bytes", TOK.n_vocab, 16, 4)]
     model, _, _ = E.load_run(run, tokenizer=TOK)
-    expected, got = E.profile_model(model, [windows], analysis_tokens=0), json.loads(out.read_text())["profile"]
+    expected = {**E.profile_model(model, [windows], analysis_tokens=0), "seq_len": 16}
+    got = json.loads(out.read_text())["profile"]
     assert set(got) == set(expected) and all(got[k] == pytest.approx(expected[k]) for k in expected)
 
 
@@ -798,3 +799,146 @@ def test_offline_tasks_folder_is_read_with_its_split(tmp_path):
         data = E.load_task(task, str(tmp_path / "out"))
         assert data.split == manifest[task]["split"] and len(data.built) == manifest[task]["n"]
     assert E.load_task("lambada_openai", str(tmp_path / "out")).built[0]["continuations"] == [" mat"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 7. profiles on shards of another tokenizer are refused; one window length for all models; --hf loading failures
+
+GPT2_TEXT = "In the beginning God created the heaven and the earth. And the earth was without form, and void. " * 8
+
+
+def write_shards(folder, tokenizer):
+    """A prepared data folder holding one val shard of GPT2_TEXT in `tokenizer` (prepare_fineweb's format)."""
+    from prepare_fineweb import get_tokenizer, write_manifest, write_shard
+    enc = get_tokenizer(tokenizer)
+    os.makedirs(folder, exist_ok=True)
+    write_shard(os.path.join(folder, "val_000000.bin"), enc.encode(GPT2_TEXT) + [enc.eot_token], tokenizer=enc.name,
+                vocab_size=enc.n_vocab, eot_token=enc.eot_token)
+    write_manifest(folder, {"val_000000.bin": "val"})
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def gpt2_folders(tmp_path_factory):
+    """GPT-2 shards, and HF folders of one tiny Llama (50,304 rows) with: GPT-2's tokenizer (transformers' own
+    conversion of the GPT-2 ranks), another end-of-text, two ids swapped, another pre-tokenizer, a small BPE."""
+    import base64
+    from prepare_fineweb import get_tokenizer
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+    root, enc = tmp_path_factory.mktemp("gpt2"), get_tokenizer("gpt2")
+    (root / "r50k.tiktoken").write_text("".join(f"{base64.b64encode(t).decode()} {i}\n"
+                                                for t, i in enc._mergeable_ranks.items()))
+    gpt2 = json.loads(TikTokenConverter(vocab_file=str(root / "r50k.tiktoken"), pattern=enc._pat_str,
+                                        extra_special_tokens=enc._special_tokens).converted().to_str())
+    swapped, split = copy.deepcopy(gpt2), copy.deepcopy(gpt2)
+    vocab = swapped["model"]["vocab"]
+    vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
+    split["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\s+|\S"
+    fast = lambda j, **kw: PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(j)),  # noqa: E731
+                                                   **{"eos_token": "<|endoftext|>", **kw})
+    tokenizers = {"gpt2": fast(gpt2), "other_eot": fast(gpt2, eos_token="<eos>"), "swapped": fast(swapped),
+                  "split": fast(split), "small_bpe": hf_tokenizer_with_bos()}
+    model = tiny_hf_llama(50304)
+    for name, tok in tokenizers.items():
+        model.save_pretrained(str(root / name))
+        tok.save_pretrained(str(root / name))
+    return root, write_shards(root / "shards", "gpt2")
+
+
+@pytest.mark.parametrize("variant, why", [("small_bpe", "tokens, the shards' 50257"),
+                                          ("other_eot", "end-of-text id is 50257"),
+                                          ("swapped", "decode to other text"), ("split", "probe text")])
+def test_hf_profile_of_shards_of_another_tokenizer_is_refused(gpt2_folders, variant, why, tmp_path):
+    """A model whose tokenizer is not the one the shards were written with is refused in one line, before any task
+    is scored, even when its head has room for every id (here 50,304 rows)."""
+    root, shards = gpt2_folders
+    with pytest.raises(SystemExit) as e:
+        E.main(["--hf", str(root / variant), "--profile", "--shards", shards, "--seq_len", "32"])
+    msg = str(e.value.code)
+    assert msg.startswith(f"error: --profile: {shards} holds gpt2 tokens") and why in msg and "\n" not in msg, msg
+
+
+def test_hf_profile_with_the_shards_tokenizer_reads_their_windows(gpt2_folders, tmp_path):
+    """GPT-2's own tokenizer in transformers is accepted, and the model is profiled on the shards' val windows."""
+    import train
+    root, shards = gpt2_folders
+    out = tmp_path / "p.json"
+    E.main(["--hf", str(root / "gpt2"), "--profile", "--shards", shards, "--seq_len", "32", "--profile_tokens", "64",
+            "--analysis_tokens", "0", "--out", str(out)])
+    got = json.loads(out.read_text())["profile"]
+    target = E.profile_target(E.load_hf(str(root / "gpt2"))[0])
+    expected = E.profile_model(target, [train.val_windows(shards, "gpt2", 50304, 32, 2)], analysis_tokens=0)
+    assert got["n_tokens"] == 64 and got["seq_len"] == 32 and got["psi"] == pytest.approx(expected["psi"], abs=1e-6)
+
+
+def test_run_profile_of_shards_of_another_tokenizer_is_refused(tmp_path):
+    """A run is checked against the tokenizer it encodes with, also when its config names none (GPT-2 then)."""
+    shards = write_shards(tmp_path / "shards", "bytes")
+    old = save_run(str(tmp_path / "old"), steps=(1,), config={"data_dir": shards})         # no "tokenizer" key
+    with pytest.raises(SystemExit, match="error: .*written with tokenizer 'bytes', expected 'gpt2'"):
+        E.main([old, "--profile", "--seq_len", "16"])
+
+
+def test_models_of_different_max_seq_len_are_profiled_on_the_same_windows(tmp_path, capsys):
+    """One window length for every model, the shortest max_length: stated on stderr, in the table and the JSON."""
+    base = save_run(str(tmp_path / "base"), steps=(1,), max_seq_len=32)
+    sft_run = save_run(str(tmp_path / "sft"), steps=(1,), seed=3, max_seq_len=64)
+    text, out = tmp_path / "t.txt", tmp_path / "p.json"
+    text.write_text("the cat sat on the mat and an ant ran in the hat. " * 30)
+    E.main([base, sft_run, "--profile", "--text", str(text), "--seq_len", "64", "--profile_tokens", "128",
+            "--analysis_tokens", "0", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert res["config"]["profile_seq_len"] == 32
+    assert [m["profile"]["seq_len"] for m in res["models"].values()] == [32, 32]
+    model, tok, _ = E.load_run(sft_run)
+    expected = E.profile_model(model, [E.text_windows(E.ModelLM(model, tok), [str(text)], 4, 32)], analysis_tokens=0)
+    assert res["models"]["sft"]["profile"]["psi"] == pytest.approx(expected["psi"], abs=1e-6)
+    captured = capsys.readouterr()
+    assert "profile windows: 32 tokens for every model (--seq_len 64; max_length of base (32))" in captured.err
+    assert "| 0.0000 | 32 |" not in captured.out and captured.out.count(" | 32 |\n") == 2
+
+
+def hf_folder(root, case):
+    """A folder that fails to load as a Hugging Face model in the way `case` says."""
+    import transformers as T
+    folder = root / case
+    folder.mkdir()
+    if case == "run_folder":
+        save_run(str(folder), steps=(1,))
+    elif case != "empty":
+        hf_tokenizer_with_bos().save_pretrained(str(folder))
+        config = T.T5Config(vocab_size=100, d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8) \
+            if case == "not_causal" else T.LlamaConfig(vocab_size=500, hidden_size=16, intermediate_size=32,
+                                                       num_hidden_layers=1, num_attention_heads=2)
+        config.save_pretrained(str(folder))
+        if case == "broken_config":
+            (folder / "config.json").write_text("{not json")
+        if case == "broken_weights":
+            (folder / "model.safetensors").write_bytes(b"garbage" * 10)
+        if case == "broken_gguf":
+            (folder / "m.gguf").write_bytes(b"GGUF")
+    return str(folder)
+
+
+HF_FAILURES = {   # case -> (extra arguments, what the one error line says)
+    "offline_hub_name": ([], "could not load the tokenizer of Hugging Face model org/no-such-model"),
+    "empty": ([], "is not a Hugging Face model folder: it has no config.json"),
+    "run_folder": ([], "a run folder of train.py: give it without --hf"),
+    "broken_config": ([], "could not load the tokenizer of Hugging Face model {folder}: OSError"),
+    "no_weights": ([], "could not load the weights of Hugging Face model {folder}: OSError"),
+    "broken_weights": ([], "could not load the weights of Hugging Face model {folder}"),
+    "not_causal": ([], "weights of Hugging Face model {folder}: ValueError: Unrecognized configuration class"),
+    "broken_gguf": (["--gguf", "m.gguf"], "Hugging Face model {folder}/m.gguf: "),
+}
+
+
+@pytest.mark.parametrize("case", HF_FAILURES)
+def test_hf_loading_failures_are_one_line_naming_the_model(case, tmp_path, data_dir):
+    extra, said = HF_FAILURES[case]
+    folder = "org/no-such-model" if case == "offline_hub_name" else hf_folder(tmp_path, case)
+    with pytest.raises(SystemExit) as e:
+        E.main(["--hf", folder, *extra, "--tasks", "arc_easy", "--data_dir", data_dir])
+    msg = str(e.value.code)
+    assert msg.startswith("error: ") and said.format(folder=folder) in msg and "\n" not in msg, msg

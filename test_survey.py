@@ -157,6 +157,24 @@ def test_gguf_run_folders_and_a_failed_model(folders, tmp_path, monkeypatch):
     assert res["models"][str(run)]["params"] == sum(p.numel() for p in model.parameters())
 
 
+def test_real_loading_failures_are_recorded_in_one_line(folders, tmp_path):
+    """Models that fail to load for real (a broken GGUF file, a folder without weights) are recorded with one line
+    naming the model and the part that failed; the others are surveyed."""
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    empty = tmp_path / "no_weights"
+    tokenizer().save_pretrained(str(empty))
+    (empty / "config.json").write_text((folders / "llama" / "config.json").read_text())
+    out = tmp_path / "s.json"
+    with pytest.raises(SystemExit, match="^error: 2 of 3 models could not be surveyed"):
+        survey.main(["--hf", str(tmp_path / "m.gguf"), str(empty), str(folders / "gpt2"), "--text",
+                     str(folders / "text.txt"), "--tokens", "32", "--seq_len", "16", "--out", str(out)])
+    res = json.loads(out.read_text())["models"]
+    assert res[str(tmp_path / "m.gguf")]["error"].startswith(f"could not load the tokenizer of Hugging Face model "
+                                                                f"{tmp_path / 'm.gguf'}: ")
+    assert res[str(empty)]["error"].startswith(f"could not load the weights of Hugging Face model {empty}: OSError")
+    assert all("\n" not in r.get("error", "") for r in res.values()) and "summary" in res[str(folders / "gpt2")]
+
+
 ERRORS = {   # arguments -> what the one error line names
     "no_models": (["--text", "{text}"], "give models"),
     "missing_text": (["--hf", "org/m", "--text", "{tmp}/none.txt"], "none.txt"),
@@ -164,6 +182,9 @@ ERRORS = {   # arguments -> what the one error line names
     "missing_gguf": (["--hf", "{tmp}/x.gguf", "--text", "{text}"], "x.gguf"),
     "missing_run": (["--runs", "{tmp}", "--text", "{text}"], "no checkpoints"),
     "run_revision": (["--runs", "{tmp}@main", "--text", "{text}"], "RUN@STEP"),
+    "folder_revision": (["--hf", "{folders}/llama@step1000", "--text", "{text}"], "llama@step1000: a revision is a hub"),
+    "gguf_revision": (["--hf", "{tmp}/m.gguf@main", "--text", "{text}"], "m.gguf@main: a revision is a hub"),
+    "not_a_model_folder": (["--hf", "{tmp}", "--text", "{text}"], "no config.json"),
     "twice": (["--hf", "org/m", "org/m", "--text", "{text}"], "twice"),
     "unwritable_out": (["--hf", "org/m", "--text", "{text}", "--out", "{text}/x.json"], "--out"),
     **{f"{o}={v}": (["--hf", "org/m", "--text", "{text}", o, v], o) for o, v in [
@@ -175,8 +196,9 @@ ERRORS = {   # arguments -> what the one error line names
 @pytest.mark.parametrize("case", ERRORS)
 def test_errors_before_any_model_is_loaded(case, folders, tmp_path, monkeypatch):
     monkeypatch.setattr(E, "load_hf", lambda *a, **k: pytest.fail("a model was loaded"))
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
     args, named = ERRORS[case]
     with pytest.raises(SystemExit) as e:
-        survey.main([a.format(tmp=tmp_path, text=folders / "text.txt") for a in args])
+        survey.main([a.format(tmp=tmp_path, text=folders / "text.txt", folders=folders) for a in args])
     msg = str(e.value.code)
     assert msg.startswith("error: ") and named in msg and "\n" not in msg, msg
