@@ -32,6 +32,7 @@ DATASET = "HuggingFaceFW/fineweb-edu"
 BUILDERS = {".jsonl": "json", ".ndjson": "json", ".json": "json", ".txt": "text", ".jsonl.gz": "json",
             ".ndjson.gz": "json", ".json.gz": "json", ".txt.gz": "text", ".parquet": "parquet"}
 BATCH_DOCS = 1024  # documents read, and tokenised by one thread, at a time
+VAL_MAX, VAL_SHARE = 10_000_000, 10  # default val split: the first tenth of the tokens, at most VAL_MAX
 GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"  # of r50k_base = GPT-2's ranks
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
 
@@ -117,15 +118,19 @@ def read_shard(path, tokenizer=None, vocab_size=None):
     return np.memmap(path, dtype=DTYPES[code], mode="r", offset=HEADER_BYTES, shape=(n,)), header
 
 
-def _read_manifest(data_dir):
-    try:  # the folder's manifest, or None
-        with open(path := os.path.join(data_dir, MANIFEST)) as f:
+def load_manifest(data_dir, check=None):
+    """data_dir's manifest.json as a dict, None when there is none. Its shards [{file, split, num_tokens}], its config
+    (a dict) and check(manifest) are checked: a manifest that is not JSON or not of that shape is one error line."""
+    try:
+        with open(path := os.path.join(data_dir, MANIFEST), "rb") as f:
             m = json.load(f)
-        assert all(isinstance(s["file"], str) and s["split"] in ("val", "train") for s in m["shards"])
+        assert isinstance(m, dict) and isinstance(m.get("config", {}), dict) and (check is None or check(m))
+        assert all(isinstance(s["file"], str) and s["split"] in ("val", "train") and isinstance(s["num_tokens"], int)
+                   for s in m["shards"])
         return m
     except FileNotFoundError:
         return None
-    except (ValueError, KeyError, TypeError, AssertionError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, AssertionError):
         raise SystemExit(f"error: {path} is unreadable; prepare the folder again (--overwrite)") from None
 
 
@@ -145,7 +150,7 @@ def list_shards(data_dir, split):
     Refuses a folder without a manifest, an incomplete preparation, or .bin files the manifest does not list."""
     if not os.path.isdir(data_dir):
         raise SystemExit(f"error: data directory not found: {data_dir}")
-    if (m := _read_manifest(data_dir)) is None:
+    if (m := load_manifest(data_dir)) is None:
         raise SystemExit(f"error: {data_dir}: no {MANIFEST}, so not a folder prepared by prepare_fineweb.py")
     if not m.get("complete"):
         raise SystemExit(f"error: {data_dir}: incomplete preparation; rerun the same prepare_fineweb.py command")
@@ -164,13 +169,21 @@ def _why(e):
     return " ".join(f"{type(e).__name__}: {e}".split())[:300]
 
 
-def open_sources(inputs=None, name=None, dataset=DATASET, split="train"):
-    """([(name, IterableDataset)], their description): one per local file, a save_to_disk folder (its `split` if it
-    holds several), or the hub stream of `dataset` (config `name`, `split`). sft.py reads conversations through it."""
+def _inside(path, folder):
+    return folder is not None and os.path.commonpath([os.path.realpath(path), os.path.realpath(folder)]) == \
+        os.path.realpath(folder)
+
+
+def open_sources(inputs=None, name=None, dataset=DATASET, split="train", exclude=None):
+    """([(name, IterableDataset, or None for a file without records)], their description): one per local file, a
+    save_to_disk folder (its `split` if it holds several), or the hub stream of `dataset` (config `name`, `split`).
+    What a glob matches inside the folder `exclude` (the output) is left out. sft.py reads conversations through it."""
     paths = []
     for pattern in inputs or []:
-        if not (found := sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]):
-            raise SystemExit(f"error: no files match {pattern!r}")
+        found = [p for p in sorted(glob.glob(pattern, recursive=True)) if not _inside(p, exclude)] \
+            if glob.has_magic(pattern) else [pattern]
+        if not found:
+            raise SystemExit(f"error: no files match {pattern!r}{' outside --out_dir' if exclude else ''}")
         paths += found
     for path in paths:
         if not os.path.exists(path):
@@ -203,6 +216,9 @@ def open_sources(inputs=None, name=None, dataset=DATASET, split="train"):
         try:
             ds = datasets.load_dataset(kind, data_files=[os.path.abspath(p) for p in group], split="train",
                                        streaming=True, **({"sample_by": "document"} if kind == "text" else {}))
+        except StopIteration:  # datasets' json builder, when no file of the group holds a record
+            sources += [(p, None) for p in group]
+            continue
         except Exception as e:
             raise SystemExit(f"error: {group[0]}: {_why(e)}") from None
         sources += [(p, ds.shard(len(group), i, contiguous=True)) for i, p in enumerate(group)]
@@ -213,6 +229,8 @@ def _batches(sources, field, resume):
     """((source index, dataset state before the batch), texts) for each batch of documents from ``resume`` on."""
     for i in range(resume["source"], len(sources)):
         desc, ds = sources[i]
+        if ds is None:
+            continue
         if field in (ds.column_names or []):  # read only the text (when the columns are known in advance)
             ds = ds.select_columns([field])
         if (state := resume["state"] if i == resume["source"] else None) is not None:
@@ -264,16 +282,20 @@ def check_options(**options):
 
 
 def prepare(out_dir, *, inputs=None, name=None, text_field="text", tokenizer="gpt2",
-            shard_tokens=100_000_000, val_tokens=10_000_000, max_tokens=None, workers=None, prefix="fineweb",
+            shard_tokens=100_000_000, val_tokens=None, max_tokens=None, workers=None, prefix="fineweb",
             overwrite=False, quiet=True):
-    """Tokenise the source into ``out_dir``, resuming an interrupted preparation there; return the manifest."""
+    """Tokenise the source into ``out_dir``, resuming an interrupted preparation there; return the manifest.
+    val_tokens None: the first tenth of the tokens, at most VAL_MAX, decided once VAL_SHARE x VAL_MAX tokens (or
+    the whole input, when shorter) are read."""
     check_options(shard_tokens=shard_tokens, val_tokens=val_tokens, max_tokens=max_tokens, workers=workers)
+    if None not in (val_tokens, max_tokens) and val_tokens >= max_tokens:
+        raise SystemExit(f"error: --val_tokens {val_tokens} leaves no training tokens within --max_tokens {max_tokens}")
     if not re.fullmatch(r"[A-Za-z0-9.\-]{1,40}", prefix):
         raise SystemExit(f"error: --prefix {prefix!r}: use 1 to 40 letters, digits, '.' and '-'")
     if inputs and name:
         raise SystemExit("error: use either --name (hub streaming) or --input (local files), not both")
     enc = get_tokenizer(tokenizer)
-    sources, described = open_sources(inputs, name or "sample-10BT")
+    sources, described = open_sources(inputs, name or "sample-10BT", exclude=out_dir)
     dtype = DTYPES[2 if enc.n_vocab <= 1 << 16 else 4]
     config = {"format_version": VERSION, "source": described, "text_field": text_field, "tokenizer": enc.name,
               "vocab_size": enc.n_vocab, "eot_token": enc.eot_token, "dtype": dtype.name, "prefix": prefix,
@@ -285,7 +307,8 @@ def prepare(out_dir, *, inputs=None, name=None, text_field="text", tokenizer="gp
     for f in os.listdir(out_dir) if overwrite else []:  # remove the previous preparation, whatever its prefix
         if f.endswith((".bin", ".bin.tmp", MANIFEST, MANIFEST + ".tmp")):
             os.remove(os.path.join(out_dir, f))
-    if m := _read_manifest(out_dir):
+    if m := load_manifest(out_dir, lambda m: m.get("complete") or {"source", "state", "skip", "tokens", "next"} <=
+                          set(m["resume"])):
         old = m.get("config", {})
         if diffs := [f"{k}: {str(old.get(k))[:150]} there, {str(config.get(k))[:150]} now"
                      for k in sorted(set(old) | set(config)) if old.get(k) != config.get(k)]:
@@ -294,7 +317,7 @@ def prepare(out_dir, *, inputs=None, name=None, text_field="text", tokenizer="gp
         if m["complete"]:
             return m
     m = m or {"config": config, "complete": False, "shards": [],
-              "resume": {"source": 0, "state": None, "skip": 0, "tokens": 0, "next": 0 if val_tokens else 1}}
+              "resume": {"source": 0, "state": None, "skip": 0, "tokens": 0, "next": int(val_tokens == 0)}}
     for f in set(os.listdir(out_dir)) - {s["file"] for s in m["shards"]}:  # what a kill left: a .tmp, or a shard
         if re.fullmatch(re.escape(prefix) + r"_(val|train)_\d{6}\.bin(\.tmp)?", f):  # renamed but not yet recorded
             os.remove(os.path.join(out_dir, f))
@@ -306,37 +329,54 @@ def prepare(out_dir, *, inputs=None, name=None, text_field="text", tokenizer="gp
 
     start, t0, limit = m["resume"], time.perf_counter(), max_tokens or float("inf")
     written, index, fill, skip = start["tokens"], start["next"], 0, start["skip"]
-    buf = np.empty(min(max(shard_tokens, val_tokens), limit), dtype)
-    capacity = lambda: min(val_tokens if index == 0 else shard_tokens, limit - written)  # noqa: E731
+    first = VAL_MAX * VAL_SHARE if val_tokens is None else val_tokens  # tokens read before the val shard is written
+    buf = np.empty(int(min(max(shard_tokens, first), limit)), dtype)
+    capacity = lambda: min(first if index == 0 else shard_tokens, limit - written)  # noqa: E731
 
-    def flush(resume):  # write the buffer as the next shard, then record it and where the source stands
+    def flush(resume, n=None):  # write the first n (default all) buffered tokens as the next shard, record it
         nonlocal written, index, fill
-        split_name = "val" if index == 0 else "train"
+        n, split_name = fill if n is None else n, "val" if index == 0 else "train"
         file = f"{prefix}_{split_name}_{index:06d}.bin"
-        write_shard(os.path.join(out_dir, file), buf[:fill], tokenizer=enc.name, vocab_size=enc.n_vocab,
+        write_shard(os.path.join(out_dir, file), buf[:n], tokenizer=enc.name, vocab_size=enc.n_vocab,
                     eot_token=enc.eot_token)
-        m["shards"].append({"file": file, "split": split_name, "num_tokens": fill,
-                            "documents": int(np.count_nonzero(buf[:fill] == enc.eot_token))})
-        written, index, fill = written + fill, index + 1, 0
+        m["shards"].append({"file": file, "split": split_name, "num_tokens": n,
+                            "documents": int(np.count_nonzero(buf[:n] == enc.eot_token))})
+        buf[:fill - n] = buf[n:fill]  # what is left of the buffer (after a default val split) moves to its start
+        written, index, fill = written + n, index + 1, fill - n
         m["resume"] = {**resume, "tokens": written, "next": index}
         write_atomic(os.path.join(out_dir, MANIFEST), json.dumps(m, indent=1))
         if not quiet:
             print(f"{file}: {written:,} tokens in all, {time.perf_counter() - t0:.0f}s", file=sys.stderr)
 
+    def split_val():  # default --val_tokens: the first tenth of what was read, at most VAL_MAX; then full train shards
+        n = min(VAL_MAX, max(1, fill // VAL_SHARE))
+        while n < fill:  # positions counted from the start of the source: no shard was recorded before these
+            flush({"source": 0, "state": None, "skip": written + n}, n)
+            n = shard_tokens if fill > shard_tokens else fill
+
     for (source, state), tokens in _tokenized(_batches(sources, text_field, start), enc, workers or os.cpu_count()):
-        pos, skip = skip, 0  # in the first batch after a resume, skip the tokens that recorded shards hold
+        pos, skip = min(skip, len(tokens)), max(0, skip - len(tokens))  # after a resume, skip what shards hold
         while pos < len(tokens) and written < limit:
             take = min(capacity() - fill, len(tokens) - pos)
             buf[fill:fill + take] = tokens[pos:pos + take]
             fill, pos = fill + take, pos + take
-            if fill == capacity():
+            if fill == capacity() and index == 0 and val_tokens is None:
+                split_val()
+            elif fill == capacity():
                 flush({"source": source, "state": state, "skip": pos})
         if written >= limit:
             break
+    if fill and index == 0 and val_tokens is None:  # the input is shorter: its size is known
+        split_val()
     if fill:
         flush({"source": len(sources), "state": None, "skip": 0})
     if not m["shards"]:
         raise SystemExit(f"error: the input has no documents: {', '.join(d for d, _ in sources)}")
+    if not any(s["split"] == "train" for s in m["shards"]):
+        size = f"--val_tokens {val_tokens:,}" if val_tokens else "the default size"
+        raise SystemExit(f"error: {out_dir}: the input holds {written:,} tokens, all in the val split ({size}): nothing "
+                         f"to train on; prepare it again with --overwrite and a smaller --val_tokens (e.g. "
+                         f"{written // VAL_SHARE:,}), or without it (a tenth, at most {VAL_MAX:,})")
     m.update(complete=True, tokens=written, documents=sum(s["documents"] for s in m["shards"]))
     write_atomic(os.path.join(out_dir, MANIFEST), json.dumps(m, indent=1))
     return m
@@ -380,7 +420,8 @@ def main(argv=None):
     p.add_argument("--prefix", default="fineweb", help="shard file name prefix (default %(default)s)")
     p.add_argument("--tokenizer", default="gpt2", help="gpt2 (default), cl100k_base, o200k_base or bytes")
     p.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per train shard (default 100M)")
-    p.add_argument("--val_tokens", type=int, default=10_000_000, help="tokens in the val shard (default 10M; 0: none)")
+    p.add_argument("--val_tokens", type=int, help="tokens in the val shard (default: the first tenth, at most 10M; "
+                   "0: none)")
     p.add_argument("--max_tokens", type=int, help="stop after this many tokens in all")
     p.add_argument("--workers", type=int, help="tokenising threads (default: all cores)")
     p.add_argument("--overwrite", action="store_true", help="remove the folder's previous preparation first")
@@ -394,7 +435,8 @@ def main(argv=None):
     m = prepare(**a)
     train = [s["num_tokens"] for s in m["shards"] if s["split"] == "train"]
     print(f"{a['out_dir']}: {m['tokens']:,} tokens ({m['config']['tokenizer']}), {m['documents']:,} documents; "
-          f"{len(train)} train shards ({sum(train):,} tokens); {time.perf_counter() - t:.1f}s")
+          f"val {m['tokens'] - sum(train):,} tokens, {len(train)} train shards ({sum(train):,} tokens); "
+          f"{time.perf_counter() - t:.1f}s")
 
 
 if __name__ == "__main__":

@@ -168,13 +168,70 @@ def test_max_tokens_val_only_and_no_val(tmp_path):
     out, m = run(tmp_path, max_tokens=1000, workers=2)
     assert [s["num_tokens"] for s in m["shards"]] == [200, 300, 300, 200]
     assert np.array_equal(all_tokens(out), expected_tokens(BYTES, DOCS)[:1000])
-    out, m = run(tmp_path, name="val_only", docs=DOCS[:3], val_tokens=10_000)
-    with pytest.raises(SystemExit, match="no 'train' shards"):
-        pf.list_shards(out, "train")
     out, m = run(tmp_path, name="no_val", val_tokens=0)
     assert m["shards"][0]["file"] == "fineweb_train_000001.bin"
     train = np.concatenate([pf.read_shard(p)[0] for p in pf.list_shards(out, "train")])
     assert np.array_equal(train, expected_tokens(BYTES, DOCS))
+
+
+def test_default_val_split_is_a_tenth_of_a_small_corpus(tmp_path):
+    """Before: the default 10M val tokens took a small corpus whole: 0 train shards, exit 0."""
+    out = str(tmp_path / "cli")
+    pf.main(["--input", write_jsonl(tmp_path / "d.jsonl", DOCS), "--out_dir", out, "--tokenizer", "bytes",
+             "--shard_tokens", "300", "--quiet"])
+    m, want = json.load(open(os.path.join(out, "manifest.json"))), expected_tokens(BYTES, DOCS)
+    assert m["complete"] and m["config"]["val_tokens"] is None and np.array_equal(all_tokens(out), want)
+    assert [s["num_tokens"] for s in m["shards"]] == [len(want) // 10] + [300] * ((len(want) - len(want) // 10) // 300) \
+        + [(len(want) - len(want) // 10) % 300]
+
+
+def test_default_val_split_of_a_large_corpus_resumes_byte_identically(tmp_path, monkeypatch):
+    """More than VAL_SHARE x VAL_MAX tokens: the val split is VAL_MAX tokens, the shards are those of --val_tokens
+    VAL_MAX; killed after the val shard (the first shards record their position from the start of the source, a
+    skip across many batches), the same command resumes byte-identically."""
+    monkeypatch.setattr(pf, "VAL_MAX", 100)  # the split is decided after 1,000 of ~10,000 tokens
+    ref, _ = run(tmp_path, name="ref", val_tokens=100)
+    out, m = run(tmp_path, name="auto", val_tokens=None)
+    assert shard_bytes(out) == shard_bytes(ref) and m["config"]["val_tokens"] is None
+    for n, after_rename in ((1, True), (4, False)):  # the val shard renamed, not recorded; the 3rd train shard's .tmp
+        restore = interrupt_after(monkeypatch, n, after_rename)
+        with pytest.raises(Kill):
+            run(tmp_path, name="killed", val_tokens=None)
+        restore()
+    assert json.load(open(tmp_path / "killed" / "manifest.json"))["resume"]["skip"] == 700
+    assert shard_bytes(run(tmp_path, name="killed", val_tokens=None)[0]) == shard_bytes(ref)
+
+
+def test_no_training_data_is_refused(tmp_path, capsys):
+    """Before: --val_tokens over the corpus size wrote the val shard alone, recorded it as complete and exited 0."""
+    n = len(expected_tokens(BYTES, DOCS[:3]))
+    for _ in range(2):  # the same command again: the same refusal, never "complete"
+        with pytest.raises(SystemExit, match=rf"^error: .*: the input holds {n} tokens, all in the val split "
+                                             rf"\(--val_tokens 10,000\).*--val_tokens \(e\.g\. {n // 10}\)"):
+            run(tmp_path, docs=DOCS[:3], val_tokens=10_000)
+        assert not json.load(open(tmp_path / "out" / "manifest.json"))["complete"]
+    line = error_line(tmp_path, capsys, ["--input", "x.jsonl", "--val_tokens", "500", "--max_tokens", "500"])
+    assert line == "error: --val_tokens 500 leaves no training tokens within --max_tokens 500"
+
+
+@pytest.mark.parametrize("text", ['{"shards": [', "[]", '{"shards": 5}', '{"shards": [{"file": "a.bin"}]}',
+                                  '{"config": 1, "shards": []}', '{"complete": false, "shards": []}', "\udcff"])
+def test_corrupt_manifest_is_one_line(tmp_path, text):
+    out, _ = run(tmp_path)
+    open(os.path.join(out, "manifest.json"), "w", errors="surrogateescape").write(text)
+    with pytest.raises(SystemExit, match=r"^error: .*manifest.json is unreadable; prepare the folder again"):
+        run(tmp_path)
+    if "complete" not in text:
+        with pytest.raises(SystemExit, match=r"^error: .*manifest.json is unreadable"):
+            pf.list_shards(out, "train")
+
+
+def test_out_dir_inside_the_input_glob(tmp_path):
+    """Before: a rerun read the first run's manifest.json as input, so the same command was refused ever after."""
+    write_jsonl(tmp_path / "d.jsonl", DOCS)
+    inputs = [str(tmp_path / "**" / "*.json*")]
+    out, m = run(tmp_path, inputs=inputs)
+    assert run(tmp_path, inputs=inputs)[1] == m and m["config"]["source"]["files"][0][0].endswith("d.jsonl")
 
 
 @pytest.mark.parametrize("prefix", ["train", "val", "my-train-val", "val.train"])
@@ -371,6 +428,7 @@ def test_input_errors_name_the_file(tmp_path, capsys):
 
     good = write_jsonl(tmp_path / "good.jsonl", DOCS[:5])
     (tmp_path / "empty.jsonl").write_text("\n")
+    (tmp_path / "empty0.jsonl").write_text("")
     write_jsonl(tmp_path / "other.jsonl", ["a", "b"], field="content")
     (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": broken}\n')
     (tmp_path / "badutf.jsonl").write_bytes(b'{"text": "fine"}\n{"text": "bad \xff byte"}\n')
@@ -382,6 +440,7 @@ def test_input_errors_name_the_file(tmp_path, capsys):
     cases = {"missing.jsonl": r"^error: input not found: .*missing\.jsonl$",
              "*.nothing": r"^error: no files match",
              "empty.jsonl": r"^error: the input has no documents: .*empty\.jsonl",
+             "empty0.jsonl": r"^error: the input has no documents: .*empty0\.jsonl",
              "other.jsonl": r"^error: .*other\.jsonl: no text field 'text' \(fields: id, content, meta\); choose",
              "x.parquet": r"^error: .*x\.parquet: no text field 'text' \(fields: body, n\)",
              "bad.jsonl": r"^error: .*bad\.jsonl: .*JSON parse error",
