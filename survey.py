@@ -7,7 +7,7 @@ during pre-training, as one command. Loading, windows and the profile itself are
     python survey.py --text genesis.txt --hf EleutherAI/pythia-160m@step1000 EleutherAI/pythia-160m@step143000 --plot p/
     python survey.py --text genesis.txt --hf DIR/SmolLM2-135M-Instruct.Q4_1.gguf --runs out/kjv/base out/kjv/jreg_a1
 
---hf: hub names or local folders (transformers), .gguf files, each optionally NAME@REVISION (a hub branch, tag or
+--hf: hub names or local folders (transformers), .gguf files; a hub name optionally NAME@REVISION (a branch, tag or
 commit: Pythia's training checkpoints are its revisions step0..step143000). --runs: our run folders, RUN@STEP for a
 checkpoint. Models sharing a NAME with numbered revisions (stepN, a run's steps) also form a series, drawn as ζ
 against the step. A model that cannot be loaded (a gated or missing hub model) is reported and the survey goes on;
