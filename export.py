@@ -2,7 +2,7 @@
 `transformers serve` or the hub load as it is.
 
     python export.py out/kjv_jreg hf/kjv_jreg                    # the latest checkpoint, fp32
-    python export.py out/kjv_jreg hf/kjv_jreg --step 600 --dtype bfloat16
+    python export.py out/kjv_jreg hf/kjv_jreg --step 600 --dtype bfloat16    # or out/kjv_jreg@600
     python export.py out/kjv_jreg hf/kjv_jreg --overwrite         # replace an existing, non-empty OUT
 
 OUT holds model.safetensors and config.json (LlamaForCausalLM from model.Llama.to_hf; the padded vocabulary rows stay,
@@ -126,13 +126,16 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("run_dir", help="a run folder of train.py")
+    p.add_argument("run_dir", help="a run folder of train.py, or RUN_DIR@STEP")
     p.add_argument("out", help="the Hugging Face folder to write (must not exist or be empty, unless --overwrite)")
     p.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the latest)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the weights' dtype")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     args = p.parse_args(argv)
-    out = export(args.run_dir, args.out, args.step, args.dtype, args.overwrite)
+    run_dir, at, step = args.run_dir.rpartition("@")                # RUN_DIR@STEP, as train.py's init_from
+    if not (at and step.isdigit() and args.step is None and not os.path.isdir(args.run_dir)):
+        run_dir, step = args.run_dir, args.step
+    out = export(run_dir, args.out, None if step is None else int(step), args.dtype, args.overwrite)
     print(f"wrote {out}: {', '.join(sorted(os.listdir(out)))}")
 
 

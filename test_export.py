@@ -12,6 +12,7 @@ import tiktoken
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import evaluate as E
 import export
 from chat import generate
 from model import Llama, LlamaConfig
@@ -57,11 +58,12 @@ def exported(request, tmp_path_factory):
     """(our model, tiktoken Encoding, the exported folder loaded by transformers: model, tokenizer; the folder)."""
     root = tmp_path_factory.mktemp(request.param)
     run = save_run(str(root / "run"), request.param, steps=(5, 10))
-    export.main([run, str(root / "hf"), "--step", "5"])
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    hf, tok = AutoModelForCausalLM.from_pretrained(root / "hf"), AutoTokenizer.from_pretrained(root / "hf")
-    model, enc, _ = export.load_run(run, 5)
-    return model, enc, hf.eval(), tok, root / "hf"
+    export.main([run + "@5", str(root / "hf")])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        hf, tok = AutoModelForCausalLM.from_pretrained(root / "hf"), AutoTokenizer.from_pretrained(root / "hf")
+        model, enc, _ = export.load_run(run, 5)
+        yield model, enc, hf.eval(), tok, root / "hf"
 
 
 def sharegpt(n):
@@ -109,6 +111,21 @@ def test_greedy_generate_equals_ours(exported):
         ours = generate(model, [prompt], n, enc=enc, stop_texts=())[0]
         theirs = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n)[0, len(prompt):].tolist()
         assert theirs == ours + [enc.eot_token] * (len(theirs) > len(ours)) and len(ours) > 3
+
+
+def test_harness_loads_the_folder_and_gives_our_log_likelihoods(exported):
+    from lm_eval.api.instance import Instance                   # in requirements-dev.txt: a missing one fails
+    from lm_eval.models.huggingface import HFLM
+    model, enc, _, _, out = exported
+    harness = HFLM(pretrained=str(out), batch_size=3, device="cpu")
+    raw = [("Answer: ", "yes"), ("Question: what?\nAnswer:\n\n", "no"), ("He put the kettle on and t", "he tea"),
+           ("", " the sky"), ("<|endoftext|>And God said", " Let there be light"), ("the " * 30, "water to boil")]
+    expected = harness.loglikelihood([Instance(request_type="loglikelihood", doc={}, arguments=r, idx=0) for r in raw],
+                                     disable_tqdm=True)
+    ours = E.score_requests(E.ModelLM(model, enc), raw, batch_size=4)
+    assert harness.max_length == model.config.max_seq_len and harness.prefix_token_id == enc.eot_token
+    for (ll_h, greedy_h), (ll, greedy) in zip(expected, ours):
+        assert ll == pytest.approx(ll_h, abs=1e-4) and greedy == greedy_h
 
 
 # ---- the tokenizer and the chat template -------------------------------------------------------------------
