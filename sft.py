@@ -45,16 +45,18 @@ import json
 import os
 import sys
 import time
+from functools import lru_cache
 
 import numpy as np
 import torch
 
-from prepare_fineweb import get_tokenizer, open_sources, read_shard, write_atomic, write_shard
+from prepare_fineweb import get_tokenizer, load_manifest, open_sources, read_shard, write_atomic, write_shard
 
 DEFAULT_DATASET = "allenai/tulu-v2-sft-mixture"
 MANIFEST = "manifest.json"
 MASK_TOKENIZER = "loss-mask"
 HEADERS = {"system": "<|system|>\n", "user": "<|user|>\n", "assistant": "<|assistant|>\n"}
+COUNTS = ("records", "kept", "trimmed", "truncated", "malformed", "no_loss", "cut_dropped", "tokens", "loss_tokens")
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
                   "bing": "assistant", "bard": "assistant", "system": "system"}
 
@@ -98,12 +100,13 @@ def prompt_ids(messages, enc):
 
 def to_messages(record, where):
     """The record's turns as [{role, content}] (not yet checked); SystemExit when no known schema fits."""
-    if record.get("messages") is not None:
+    if (turns := record.get("messages")) is not None:
         return [{"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else {}
-                for m in record["messages"]]
-    if record.get("conversations") is not None:
-        return [{"role": SHAREGPT_ROLES.get(t.get("from"), t.get("from")), "content": t.get("value")}
-                if isinstance(t, dict) else {} for t in record["conversations"]]
+                for m in turns] if isinstance(turns, list) else [{}]
+    if (turns := record.get("conversations")) is not None:
+        return [{"role": SHAREGPT_ROLES.get(f, f) if isinstance(f := t.get("from"), str) else None,
+                 "content": t.get("value")} if isinstance(t, dict) else {}
+                for t in turns] if isinstance(turns, list) else [{}]
     if record.get("instruction") is not None and record.get("output") is not None:
         instruction, extra = record["instruction"], record.get("input")
         if isinstance(instruction, str) and isinstance(extra, str) and extra:
@@ -131,9 +134,9 @@ def clean(messages):
 
 
 def records(sources):
-    """(where, record) for each record of [(description, dataset)], in order."""
+    """(where, record) for each record of [(description, dataset or None when the file holds none)], in order."""
     for desc, ds in sources:
-        it = iter(ds)
+        it = iter(ds or ())
         for i in itertools.count():
             try:
                 record = next(it, None)
@@ -144,24 +147,41 @@ def records(sources):
             yield f"{desc} record {i}", record
 
 
+@lru_cache(maxsize=None)
+def longest_token(enc):
+    """The length in bytes of the encoding's longest token."""
+    return max(map(len, enc.token_byte_values()))
+
+
+def cut(messages, chars):
+    """The messages with their contents cut to `chars` characters in all (later messages left out)."""
+    out = []
+    for m in messages:
+        if chars <= 0:
+            break
+        out.append({**m, "content": m["content"][:chars]})
+        chars -= len(m["content"])
+    return out
+
+
 def conversations(source, enc, seq_len, counts):
-    """Yield (ids, mask) arrays of each kept conversation; update counts (records, kept, trimmed, truncated,
-    malformed, no_loss, tokens, loss_tokens) as records are consumed."""
+    """Yield (ids, mask) arrays of each kept conversation; update counts (COUNTS) as records are consumed."""
+    room = (seq_len + 1) * longest_token(enc)  # characters that make more than seq_len + 1 tokens, whatever the text
     for where, record in source:
         counts["records"] += 1
         messages, trimmed = clean(to_messages(record, where))
         if messages is None:
             counts["malformed"] += 1
             continue
-        ids, mask = render(messages, enc)
-        if len(ids) > seq_len + 1:
-            counts["truncated"] += 1
-            ids, mask = ids[:seq_len + 1], mask[:seq_len + 1]
+        ids, mask = render(cut(messages, room), enc)  # text beyond `room` cannot reach the window: never tokenised
+        cut_off = len(ids) > seq_len + 1
+        ids, mask = ids[:seq_len + 1], mask[:seq_len + 1]
         n_loss = sum(mask)
         if n_loss == 0:
-            counts["no_loss"] += 1
+            counts["cut_dropped" if cut_off else "no_loss"] += 1
             continue
         counts["kept"] += 1
+        counts["truncated"] += cut_off
         counts["trimmed"] += trimmed
         counts["tokens"] += len(ids)
         counts["loss_tokens"] += n_loss
@@ -182,7 +202,7 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
                                ("--shard_conversations", shard_conversations, 1)):
         if not isinstance(value, int) or value < low:
             raise SystemExit(f"error: {option} must be an integer >= {low}, got {value!r}")
-    sources, described = open_sources(inputs, dataset=name, split=split)     # read lazily, below
+    sources, described = open_sources(inputs, dataset=name, split=split, exclude=out_dir)  # read lazily, below
     enc = get_tokenizer(tokenizer)
     config = {"kind": "sft", "source": described, "split": split, "tokenizer": enc.name, "vocab_size": enc.n_vocab,
               "eot_token": enc.eot_token, "seq_len": seq_len, "val_conversations": val_conversations,
@@ -193,9 +213,8 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
     if overwrite:
         for f in ours() + ([MANIFEST] if os.path.exists(manifest_path) else []):
             os.remove(os.path.join(out_dir, f))
-    if os.path.exists(manifest_path):
-        with open(manifest_path) as f:
-            manifest = json.load(f)
+    if manifest := load_manifest(out_dir, lambda m: m.get("kind") != "sft" or set(COUNTS) <= set(m["counts"]) and
+                                 all(isinstance(s["mask"], str) for s in m["shards"]) and "complete" in m):
         old = manifest.get("config", {})
         diffs = [f"{k}: {old.get(k)!r} before, {config.get(k)!r} now" for k in sorted(set(old) | set(config))
                  if old.get(k) != config.get(k)]
@@ -208,8 +227,7 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
         raise SystemExit(f"error: {out_dir} holds sft_* files but no {MANIFEST}; use another --out_dir or --overwrite")
     else:
         manifest = {"kind": "sft", "config": config, "shards": [], "complete": False, "elapsed_s": 0.0,
-                    "counts": dict.fromkeys(("records", "kept", "trimmed", "truncated", "malformed", "no_loss",
-                                             "tokens", "loss_tokens"), 0)}
+                    "counts": dict.fromkeys(COUNTS, 0)}
     listed = {f for s in manifest["shards"] for f in (s["file"], s["mask"])}
     for f in ours():                                  # a shard written after the last manifest update, or a .tmp
         if f not in listed:
@@ -242,9 +260,12 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
             break
         write("val" if index == 0 else "train", index, convs)
         index += 1
+    if counts["records"] == 0:
+        raise SystemExit(f"error: no conversations in the input: {', '.join(d for d, _ in sources)}")
     if counts["kept"] == 0:
         raise SystemExit(f"error: no usable conversation in the input ({counts['records']:,} records, "
-                         f"{counts['malformed']:,} malformed, {counts['no_loss']:,} without an assistant token)")
+                         f"{counts['malformed']:,} malformed, {counts['no_loss']:,} without an answer, "
+                         f"{counts['cut_dropped']:,} with no answer token within {seq_len + 1} tokens)")
     manifest["splits"] = {s: {k: sum(e[k] for e in manifest["shards"] if e["split"] == s)
                               for k in ("conversations", "num_tokens", "loss_tokens")} for s in ("val", "train")}
     manifest["complete"] = True
@@ -270,11 +291,10 @@ def is_conversations(data_dir):
 
 
 def read_manifest(data_dir):
+    """The manifest of a complete sft.py preparation (one error line for anything else)."""
     path = os.path.join(data_dir, MANIFEST)
-    if not os.path.isfile(path):
+    if (manifest := load_manifest(data_dir, lambda m: all(isinstance(s["mask"], str) for s in m["shards"]))) is None:
         raise SystemExit(f"error: {data_dir}: no {MANIFEST}; prepare the conversations with sft.py")
-    with open(path) as f:
-        manifest = json.load(f)
     if manifest.get("kind") != "sft" or not manifest.get("complete"):
         raise SystemExit(f"error: {path}: not a complete sft.py preparation (kind {manifest.get('kind')!r}, "
                          f"complete {manifest.get('complete')}); rerun its sft.py command")
@@ -398,9 +418,9 @@ def main(argv=None):
     c, sp = m["counts"], m["splits"]
     print(f"{args.out_dir}: {c['records']:,} records -> {c['kept']:,} conversations (val "
           f"{sp['val']['conversations']:,}, train {sp['train']['conversations']:,}); {c['tokens']:,} tokens, "
-          f"{c['loss_tokens']:,} loss tokens; {c['truncated']:,} over {args.seq_len + 1} tokens cut, "
-          f"{c['trimmed']:,} trimmed, dropped: {c['malformed']:,} malformed, {c['no_loss']:,} without a loss token; "
-          f"{m['elapsed_s']:.1f}s")
+          f"{c['loss_tokens']:,} loss tokens; {c['truncated']:,} cut to {args.seq_len + 1} tokens, {c['trimmed']:,} "
+          f"trimmed; dropped: {c['malformed']:,} malformed, {c['no_loss']:,} without an answer, {c['cut_dropped']:,} "
+          f"with no answer token within {args.seq_len + 1} tokens; {m['elapsed_s']:.1f}s")
     if sp["train"]["conversations"] == 0:
         print("warning: no train conversations: all are in the val split (lower --val_conversations)", file=sys.stderr)
 

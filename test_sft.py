@@ -2,6 +2,7 @@
 import gzip
 import json
 import os
+import tracemalloc
 
 import datasets
 import numpy as np
@@ -136,8 +137,9 @@ def test_prepare_counts_truncation_and_drops(tmp_path):
              [u("a"), u("b"), a("c")],                   # malformed
              [a("lost context"), u("q"), a("r")]]        # leading answer trimmed, kept
     out, m = prep(tmp_path, convs, seq_len=50, val_conversations=1, shard_conversations=10)
-    assert m["complete"] and m["counts"] == {"records": 6, "kept": 3, "trimmed": 1, "truncated": 2, "malformed": 1,
-                                             "no_loss": 2, "tokens": m["counts"]["tokens"], "loss_tokens": 3 + 16 + 2}
+    assert m["complete"] and m["counts"] == {"records": 6, "kept": 3, "trimmed": 1, "truncated": 1, "malformed": 1,
+                                             "no_loss": 1, "cut_dropped": 1, "tokens": m["counts"]["tokens"],
+                                             "loss_tokens": 3 + 16 + 2}
     kept = [sft.render(convs[0], enc), [t[:51] for t in sft.render(convs[1], enc)], sft.render(convs[5][1:], enc)]
     assert m["counts"]["tokens"] == sum(len(ids) for ids, _ in kept)
     assert [(e["file"], e["split"], e["conversations"]) for e in m["shards"]] == [
@@ -176,9 +178,67 @@ def test_prepare_resumes_byte_identical_and_refuses_other_arguments(tmp_path, mo
 
 
 def test_main_prints_the_counts(tmp_path, capsys):
-    path = write_jsonl(tmp_path / "in.jsonl", [{"messages": m} for m in conversations(5)])
-    sft.main(["--input", path, "--out_dir", str(tmp_path / "o"), "--tokenizer", "bytes", "--val_conversations", "2"])
-    assert "5 records -> 5 conversations (val 2, train 3)" in capsys.readouterr().out
+    """Before: a conversation dropped because its cut left no answer was also counted as cut (kept)."""
+    long = [{"role": "user", "content": "q" * 300}, {"role": "assistant", "content": "a"}]
+    path = write_jsonl(tmp_path / "in.jsonl", [{"messages": m} for m in conversations(5) + [long, long[:1]]])
+    sft.main(["--input", path, "--out_dir", str(tmp_path / "o"), "--tokenizer", "bytes", "--val_conversations", "2",
+              "--seq_len", "256"])
+    out = capsys.readouterr().out
+    assert "7 records -> 5 conversations (val 2, train 3)" in out and "; 0 cut to 257 tokens, 0 trimmed;" in out
+    assert "dropped: 0 malformed, 1 without an answer, 1 with no answer token within 257 tokens;" in out
+
+
+def test_bad_records_are_malformed_not_tracebacks(tmp_path, capsys):
+    """Before: TypeError tracebacks ('int' object is not iterable, unhashable type: 'list')."""
+    for record in ({"messages": 5}, {"messages": "hi"}, {"messages": [5, "x"]}, {"conversations": {"from": "human"}},
+                   {"conversations": [{"from": ["human"], "value": "hi"}, {"from": "gpt", "value": "yo"}]},
+                   {"conversations": [{"from": "human", "value": ["hi"]}, {"from": "gpt", "value": "yo"}]}):
+        assert sft.clean(sft.to_messages(record, "x")) == (None, False), record
+    for i, record in enumerate(({"messages": 5}, {"conversations": [{"from": ["human"], "value": "hi"}]})):
+        path = write_jsonl(tmp_path / f"bad{i}.jsonl", [record])
+        with pytest.raises(SystemExit, match=r"^error: no usable conversation in the input \(1 records, 1 malformed"):
+            sft.prepare(str(tmp_path / f"o{i}"), inputs=[path], tokenizer="bytes", log=lambda s: None)
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(SystemExit, match=r"^error: no conversations in the input: .*empty\.jsonl$"):  # was StopIteration
+        sft.prepare(str(tmp_path / "o"), inputs=[str(tmp_path / "empty.jsonl")], tokenizer="bytes")
+
+
+@pytest.mark.parametrize("text", ['{"kind": "sft", "shards": [', "[]", '{"kind": "sft", "shards": 5}',
+                                  '{"kind": "sft", "config": {}, "shards": [], "counts": {}, "complete": false}'])
+def test_corrupt_manifest_is_one_line(tmp_path, text):
+    """Before: json.decoder.JSONDecodeError (or KeyError) tracebacks from sft.prepare and PackedStream."""
+    out, _ = prep(tmp_path, conversations(10))
+    open(os.path.join(out, "manifest.json"), "w").write(text)
+    with pytest.raises(SystemExit, match=r"^error: .*manifest.json is unreadable; prepare the folder again"):
+        prep(tmp_path, conversations(10))
+    with pytest.raises(SystemExit, match=r"^error: .*manifest.json( is unreadable|: not a complete sft.py prep)"):
+        sft.PackedStream(out, "train", 256, 0, "bytes", 300)
+
+
+def test_out_dir_inside_the_input_glob(tmp_path):
+    """Before: the rerun read the first run's manifest.json as input and was refused ('other arguments') ever after."""
+    write_jsonl(tmp_path / "in.jsonl", [{"messages": m} for m in conversations(10)])
+    kw = {"inputs": [str(tmp_path / "**" / "*.json*")], "tokenizer": "bytes", "log": lambda s: None}
+    m = sft.prepare(str(tmp_path / "out"), **kw)
+    assert sft.prepare(str(tmp_path / "out"), **kw) == m and len(m["config"]["source"]["files"]) == 1
+
+
+def test_long_record_is_cut_before_tokenising():
+    """Before: a 20 MB message was rendered whole (peak RSS 1.1 GB with byte tokens, 0.8 GB with GPT-2); now only
+    what the window can hold is tokenised, with the same tokens."""
+    text = "The quick brown fox jumps over the lazy dog, again. " * 40_000  # 2 MB
+    conv = [{"role": "user", "content": "Repeat this."}, {"role": "assistant", "content": text},
+            {"role": "user", "content": text}, {"role": "assistant", "content": text}]
+    for name, seq_len in (("bytes", 64), ("gpt2", 64), ("gpt2", 4000)):
+        enc, counts = get_tokenizer(name), dict.fromkeys(sft.COUNTS, 0)
+        sft.longest_token(enc)
+        tracemalloc.start()
+        got = list(sft.conversations([("x", {"messages": conv})], enc, seq_len, counts))
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        ids, mask = sft.render(conv, enc)
+        assert peak < 3000 * (seq_len + 1) and counts["truncated"] == counts["kept"] == 1, (name, peak)
+        assert got[0][0].tolist() == ids[:seq_len + 1] and got[0][1].tolist() == mask[:seq_len + 1]
 
 
 # ------------------------------------------------------------------------------------------------ packing
