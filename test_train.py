@@ -3,6 +3,7 @@ import glob
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -193,6 +194,14 @@ def test_every_setting_is_checked_before_anything_is_written(data_dir, tmp_path,
     assert not os.path.exists(tmp_path / "o")
 
 
+def test_no_token_left_for_psi_is_refused_before_anything_is_written(data_dir, tmp_path):
+    """seq_len=1 with jreg_skip_first leaves Ψ no token. (Before: accepted; step 1 died with "non-finite loss …
+    lower lr" after the run folder was written.)"""
+    with pytest.raises(SystemExit, match="'jreg_skip_first' = True: .*seq_len"):
+        run(data_dir, tmp_path / "o", "--seq_len=1", "--jreg_skip_first=True", "--max_steps=1", "--eval_interval=0")
+    assert not os.path.exists(tmp_path / "o")
+
+
 def test_config_file_with_a_python_error_names_file_and_line(tmp_path):
     for body, line in (("lr = 1e-3\nmax_steps = 10 +\n", 2), ("lr = 1e-3\n\nmax_steps = undefined_name\n", 3)):
         (tmp_path / "c.py").write_text(body)
@@ -207,7 +216,7 @@ def test_resume_with_other_settings_is_refused_and_allowed_changes_are_recorded(
     run(data_dir, tmp_path, "--max_steps=2", "--eval_interval=0")
     saved = open(tmp_path / "config.json").read()
     for setting in ("--seed=1", "--lr=1e-3", "--batch_tokens=1024", "--jreg_lambda=1.0", "--warmup_steps=2",
-                    f"--data_dir={data_dir}/../shards/.", "--jreg_final_norm=True"):
+                    "--jreg_final_norm=True"):
         with pytest.raises(SystemExit, match="other settings.*" + setting[2:].split("=")[0]):
             run(data_dir, tmp_path, "--max_steps=4", setting)
         assert open(tmp_path / "config.json").read() == saved
@@ -420,3 +429,115 @@ def test_killed_sft_run_resumes_exactly(data_dir, sft_dir, tmp_path, monkeypatch
     monkeypatch.setattr(train, "lr_at", real_lr_at)
     resumed, _ = run(data_dir, tmp_path / "resumed", *args)
     assert [r["loss"] for r in resumed] == [r["loss"] for r in full]
+
+
+def prepared(out_dir, text, *extra):
+    """A byte-level shard folder of `text` (one val shard of 2048 tokens unless --val_tokens says otherwise)."""
+    os.makedirs(out_dir, exist_ok=True)
+    src = os.path.join(out_dir, "..", os.path.basename(out_dir) + ".txt")
+    open(src, "w", encoding="utf-8").write(text)
+    prepare_fineweb.main(["--input", src, "--out_dir", str(out_dir), "--tokenizer", "bytes", "--val_tokens", "2048",
+                          "--shard_tokens", "20000", "--quiet", *extra])
+    return str(out_dir)
+
+
+SOURCE = open(os.path.join(HERE, "train.py"), encoding="utf-8").read()[:30000]
+
+
+def test_resume_accepts_the_same_data_moved_to_another_folder(tmp_path):
+    """The data's identity is compared, not its path. (Before: a moved folder was refused as another data_dir.)"""
+    d = prepared(tmp_path / "d", SOURCE)
+    run(d, tmp_path / "out", "--max_steps=2", "--eval_interval=0")
+    shutil.move(d, tmp_path / "moved")
+    steps, _ = run(str(tmp_path / "moved"), tmp_path / "out", "--max_steps=3", "--eval_interval=0")
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert json.load(open(tmp_path / "out" / "config.json"))["history"][1]["changed"]["data_dir"][1].endswith("moved")
+
+
+def test_resume_refuses_a_data_dir_prepared_again_with_other_data(tmp_path):
+    """The same path, prepared again (--overwrite) with other text of the same size and token counts, is other data.
+    (Before: only the path was compared, so the run went on, silently, on the new data.)"""
+    d = prepared(tmp_path / "d", SOURCE)
+    run(d, tmp_path / "out", "--max_steps=2", "--eval_interval=0")
+    prepared(tmp_path / "d", SOURCE[::-1], "--overwrite")
+    with pytest.raises(SystemExit, match="other data than the run was trained on"):
+        run(d, tmp_path / "out", "--max_steps=3", "--eval_interval=0")
+    assert [r["step"] for r in read_log(tmp_path / "out")[0]] == [1, 2]
+
+
+def test_data_without_a_val_split_trains_with_eval_off_and_is_refused_with_eval_on(sft_dir, tmp_path):
+    """--val_tokens 0 / --val_conversations 0: eval_interval=0 trains; eval_interval > 0 is one line before anything
+    is written. (Before: "no val shards" even with eval_interval=0.)"""
+    import sft
+    tokens = prepared(tmp_path / "tokens", SOURCE, "--val_tokens", "0")
+    chats = str(tmp_path / "chats")
+    sft.prepare(chats, inputs=[os.path.join(os.path.dirname(sft_dir), "chats.jsonl")], tokenizer="bytes",
+                seq_len=128, val_conversations=0, log=lambda *a: None)
+    for d, extra in ((tokens, []), (chats, SFT[:3])):
+        with pytest.raises(SystemExit, match="no val split.*eval_interval=0"):
+            run(d, tmp_path / "o", *extra, "--max_steps=2", "--eval_interval=1")
+        assert not os.path.exists(tmp_path / "o")
+        steps, evals = run(d, tmp_path / os.path.basename(d), *extra, "--max_steps=2", "--eval_interval=0")
+        assert [r["step"] for r in steps] == [1, 2] and evals == []
+
+
+def test_sft_run_resumes_after_its_init_source_is_gone(data_dir, sft_dir, tmp_path, monkeypatch):
+    """A run with a checkpoint resumes from it, whatever became of init_from. (Before: the source was read first,
+    so a pruned or deleted source made the run impossible to resume.)"""
+    run(data_dir, tmp_path / "pre", "--max_steps=1", "--eval_interval=0")
+    args = [f"--init_from={tmp_path / 'pre'}@1", f"--data_dir={sft_dir}", *SFT[:-2], "--ckpt_interval=2", "--max_steps=3"]
+    full, _ = run(data_dir, tmp_path / "full", *args)
+    real_lr_at = train.lr_at
+    monkeypatch.setattr(train, "lr_at", lambda step, cfg: (_ for _ in ()).throw(KeyboardInterrupt) if step == 2
+                        else real_lr_at(step, cfg))                       # killed during step 3, after ckpt 2
+    with pytest.raises(KeyboardInterrupt):
+        run(data_dir, tmp_path / "sft", *args)
+    monkeypatch.setattr(train, "lr_at", real_lr_at)
+    shutil.rmtree(tmp_path / "pre")
+    resumed, _ = run(data_dir, tmp_path / "sft", *args)
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in full]
+
+
+def test_init_from_a_run_of_another_tokenizer_is_refused(data_dir, sft_dir, tmp_path):
+    """A GPT-2 run (here a byte run whose checkpoint says gpt2) on byte conversations: one line. (Before: exit 0.)"""
+    run(data_dir, tmp_path / "pre", "--max_steps=2", "--eval_interval=0")
+    path = tmp_path / "pre" / "ckpt_0000002.pt"
+    ckpt = torch.load(path, weights_only=False)
+    ckpt["config"]["tokenizer"] = "gpt2"
+    torch.save(ckpt, path)
+    with pytest.raises(SystemExit, match="tokenizer 'gpt2'.*'bytes'"):
+        run(data_dir, tmp_path / "o", f"--init_from={tmp_path / 'pre'}", f"--data_dir={sft_dir}", *SFT)
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_init_from_errors_are_one_line_and_latest_is_the_newest_checkpoint(data_dir, sft_dir, tmp_path, monkeypatch):
+    """hf: missing, offline, not a Llama, broken, another tokenizer; RUN@word: each one `error:` line, nothing written.
+    (Before: tracebacks.) RUN@latest is the newest checkpoint; an hf: folder without a tokenizer is used with a note."""
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=320)).save_pretrained(tmp_path / "gpt2")
+    os.makedirs(tmp_path / "broken")
+    (tmp_path / "broken" / "config.json").write_text('{"model_type": "llama", "hidden')
+    run(data_dir, tmp_path / "pre", "--max_steps=2", "--eval_interval=0")
+    ckpt = torch.load(tmp_path / "pre" / "ckpt_0000002.pt", weights_only=False)
+    llama = train.Llama(train.LlamaConfig(**ckpt["model_config"]))
+    llama.load_state_dict(ckpt["model"])
+    llama.to_hf().save_pretrained(tmp_path / "llama")
+    shutil.copytree(tmp_path / "llama", tmp_path / "llama_words")
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")),
+                            unk_token="[UNK]").save_pretrained(tmp_path / "llama_words")
+    for spec, message in ((f"hf:{tmp_path / 'missing'}", "no such folder"), ("hf:nobody/no-such-model", "offline"),
+                          (f"hf:{tmp_path / 'gpt2'}", "a gpt2 model, not a Llama"), (f"hf:{tmp_path / 'broken'}",
+                          "cannot load"), (f"hf:{tmp_path / 'llama_words'}", "another tokenizer than 'bytes'"),
+                          (f"{tmp_path / 'pre'}@last", "RUN_DIR@latest")):
+        with pytest.raises(SystemExit) as e:
+            run(data_dir, tmp_path / "o", f"--init_from={spec}", f"--data_dir={sft_dir}", *SFT)
+        text = str(e.value.code)
+        assert text.startswith("error:") and message in text and "\n" not in text, text
+        assert not os.path.exists(tmp_path / "o")
+    steps, evals = run(data_dir, tmp_path / "latest", f"--init_from={tmp_path / 'pre'}@latest", f"--data_dir={sft_dir}",
+                       *SFT[:-4], "--eval_interval=1", "--max_steps=1")
+    hf_steps, hf_evals = run(data_dir, tmp_path / "hf", f"--init_from=hf:{tmp_path / 'llama'}", f"--data_dir={sft_dir}",
+                             *SFT[:-4], "--eval_interval=1", "--max_steps=1")
+    assert evals[0]["val_loss"] == pytest.approx(hf_evals[0]["val_loss"], rel=1e-5)   # the same weights, step 2's

@@ -12,6 +12,7 @@ must then be the same (RESUMABLE lists those that may change). A user error is o
 import dataclasses
 import fcntl
 import glob
+import hashlib
 import json
 import math
 import os
@@ -32,7 +33,7 @@ import torch.nn as nn
 
 from jreg import WEIGHTINGS, Profile, displacement, jump_rate, layer_weights, streams
 from model import PRESETS, Llama, LlamaConfig
-from prepare_fineweb import list_shards, read_shard, write_atomic
+from prepare_fineweb import get_tokenizer, list_shards, read_shard, write_atomic
 from sft import PackedStream, is_conversations
 
 
@@ -52,7 +53,7 @@ class Config:
     data_dir: str = "data/fineweb_edu"
     tokenizer: str = "gpt2"         # must match the shards' header
     # fine-tuning: the weights to start from (not resumed: a new run); the model shape is theirs
-    init_from: str = ""             # "" (random init) | a run folder (its newest checkpoint) | RUN_DIR@STEP | hf:NAME_OR_DIR
+    init_from: str = ""             # "" (random init) | RUN_DIR (newest ckpt) | RUN_DIR@STEP | RUN_DIR@latest | hf:NAME
     epochs: float = 0.0             # > 0: max_steps = epochs × windows per epoch / sequences per step
     warmup_ratio: float = 0.0       # > 0: warmup_steps = warmup_ratio × max_steps
     # model: a preset from model.PRESETS; any field set below (not None) overrides it
@@ -168,6 +169,8 @@ def check_config(cfg):
         need(math.isfinite(getattr(cfg, key)) and getattr(cfg, key) >= 0, key, "must be a finite number >= 0")
     for key in ("min_lr_ratio", "beta1", "beta2"):
         need(0 <= getattr(cfg, key) <= 1, key, "must be in [0, 1]")
+    need(cfg.seq_len >= 2 or not cfg.jreg_skip_first, "jreg_skip_first", "leaves Ψ no token of a 1-token window: "
+         "use seq_len >= 2 or jreg_skip_first=False")
     need(cfg.model in PRESETS, "model", f"choose one of {sorted(PRESETS)}")
     need(cfg.jreg_weighting in WEIGHTINGS, "jreg_weighting", f"choose one of {WEIGHTINGS}")
     need(cfg.dtype in ("auto", "bfloat16", "float32"), "dtype", "choose auto, bfloat16 or float32")
@@ -254,14 +257,39 @@ class ShardStream:
 
 def data_streams(cfg, vocab_size, n_val):
     """(train stream, val batches source) for cfg.data_dir: sft.py conversations are packed (sft.PackedStream),
-    prepare_fineweb.py text is cut into windows; both give batch(first, count) -> (x, y, real tokens or None)."""
-    if is_conversations(cfg.data_dir):
+    prepare_fineweb.py text is cut into windows; both give batch(first, count) -> (x, y, real tokens or None).
+    n_val = 0 (no periodic eval) reads no val split, so a folder prepared without one trains."""
+    stream = PackedStream if is_conversations(cfg.data_dir) else ShardStream
+    train = stream(cfg.data_dir, "train", cfg.seq_len, cfg.seed, cfg.tokenizer, vocab_size)
+    if not n_val:
+        return train, (torch.zeros(0, cfg.seq_len, dtype=torch.long),) * 2 + (None,)
+    if not any(s["split"] == "val" for s in read_manifest(cfg.data_dir)["shards"]):
+        fail(f"{cfg.data_dir} has no val split (prepared with --val_tokens 0 or --val_conversations 0), which "
+             f"eval_interval = {cfg.eval_interval} needs: set eval_interval=0 or prepare it with a val split")
+    if stream is PackedStream:
         val = PackedStream(cfg.data_dir, "val", cfg.seq_len, cfg.seed, cfg.tokenizer, vocab_size)
-        return (PackedStream(cfg.data_dir, "train", cfg.seq_len, cfg.seed, cfg.tokenizer, vocab_size),
-                val.batch(0, min(n_val, val.per_epoch)))
+        return train, val.batch(0, min(n_val, val.per_epoch))
     windows = val_windows(cfg.data_dir, cfg.tokenizer, vocab_size, cfg.seq_len, n_val)
-    return (ShardStream(cfg.data_dir, "train", cfg.seq_len, cfg.seed, cfg.tokenizer, vocab_size),
-            (windows[:, :-1], windows[:, 1:], None))
+    return train, (windows[:, :-1], windows[:, 1:], None)
+
+
+def read_manifest(data_dir):
+    with open(os.path.join(data_dir, "manifest.json")) as f:      # already checked by the stream that read the shards
+        return json.load(f)
+
+
+def data_identity(data_dir):
+    """What data_dir holds, not where it is: a fingerprint of its manifest's preparation settings and shard list
+    (files, splits, token counts), and of the first and last 4 KiB of each shard file, so that other text prepared
+    again into the same folder with the same sizes still differs. A moved or copied folder keeps its identity."""
+    m = read_manifest(data_dir)
+    h = hashlib.sha256(json.dumps([m.get("config"), m["shards"]], sort_keys=True).encode())
+    for name in [n for s in m["shards"] for n in (s["file"], s.get("mask")) if n]:
+        with open(os.path.join(data_dir, name), "rb") as f:
+            h.update(f.read(4096))
+            f.seek(max(4096, os.fstat(f.fileno()).st_size - 4096))
+            h.update(f.read())
+    return h.hexdigest()[:16]
 
 
 def val_windows(data_dir, tokenizer, vocab_size, seq_len, n):
@@ -335,8 +363,9 @@ def load_checkpoint(path):
         fail(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
 
-def save_checkpoint(cfg, step, model, optimizer, seq_index):
-    """Rank 0 writes the full (unsharded, uncompiled) state. A model with a non-finite parameter is never saved."""
+def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
+    """Rank 0 writes the full (unsharded, uncompiled) state and the data's identity (data_identity). A model with a
+    non-finite parameter is never saved."""
     bad = torch.tensor(float(any(not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
                                  for p in model.parameters())))
     if dist.is_initialized():
@@ -355,7 +384,7 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index):
         return
     ckpt = {"model": model_sd, "optimizer": optim_sd, "model_config": dataclasses.asdict(model.config),
             "config": dataclasses.asdict(cfg), "step": step, "tokens": step * cfg.batch_tokens,
-            "data_state": {"seq_index": seq_index}, "rng": {"torch": torch.get_rng_state(),
+            "data_state": {"seq_index": seq_index}, "data_identity": data_id, "rng": {"torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
     path = os.path.join(cfg.out_dir, f"ckpt_{step:07d}.pt")
     torch.save(ckpt, path + ".tmp")
@@ -364,19 +393,63 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index):
         os.remove(old)
 
 
-def init_weights(spec):
-    """(state dict, model config) of the weights a fine-tuning run starts from: RUN_DIR, RUN_DIR@STEP or hf:NAME."""
+def start_weights(cfg):
+    """(state dict or None, model config) to build the model from. A fine-tuning run that has a checkpoint resumes
+    from it and never reads init_from again (the source may since have been pruned, deleted or gone offline)."""
+    ckpts = list_checkpoints(cfg.out_dir) if cfg.init_from else []
+    if ckpts:
+        return None, LlamaConfig(**load_checkpoint(ckpts[-1][1])["model_config"])
+    return init_weights(cfg.init_from, cfg.tokenizer) if cfg.init_from else (None, model_config(cfg))
+
+
+def init_weights(spec, tokenizer):
+    """(state dict, model config) of the weights a fine-tuning run starts from: RUN_DIR, RUN_DIR@STEP, RUN_DIR@latest
+    or hf:NAME_OR_DIR; they must have been trained with `tokenizer` (the data's)."""
     if spec.startswith("hf:"):
-        from transformers import AutoModelForCausalLM
-        hf = Llama.from_hf(AutoModelForCausalLM.from_pretrained(spec[3:], dtype=torch.float32))
-        return hf.state_dict(), hf.config
-    run_dir, _, step = spec.partition("@")
+        return init_weights_hf(spec[3:], tokenizer)
+    run_dir, _, at = spec.rpartition("@") if "@" in spec else (spec, "", "latest")
+    if not (at.isdigit() or at == "latest"):
+        fail(f"init_from {spec!r}: use RUN_DIR, RUN_DIR@STEP (a number), RUN_DIR@latest or hf:NAME_OR_DIR")
     ckpts = dict(list_checkpoints(run_dir))
-    if not ckpts or (step and int(step) not in ckpts):
-        fail(f"init_from {spec!r}: no checkpoint{' of step ' + step if step else ''} in {run_dir!r}"
+    step = int(at) if at.isdigit() else max(ckpts, default=None)
+    if step not in ckpts:
+        fail(f"init_from {spec!r}: no checkpoint{' of step ' + at if at.isdigit() else ''} in {run_dir!r}"
              + (f" (steps {sorted(ckpts)})" if ckpts else ""))
-    ckpt = load_checkpoint(ckpts[int(step) if step else max(ckpts)])
+    ckpt = load_checkpoint(ckpts[step])
+    if (trained := ckpt["config"].get("tokenizer", "gpt2")) != tokenizer:
+        fail(f"init_from {spec!r} was trained with tokenizer {trained!r}, but tokenizer = {tokenizer!r} (the data's): "
+             f"fine-tune it on data prepared with {trained!r}")
     return ckpt["model"], LlamaConfig(**ckpt["model_config"])
+
+
+def init_weights_hf(name, tokenizer):
+    """A Hugging Face Llama (a hub name or a local folder) through Llama.from_hf; each way it can fail is one line.
+    If it ships a tokenizer, that must encode text as `tokenizer` does."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    where, local = f"init_from 'hf:{name}'", os.path.isdir(name)
+    why = lambda e: f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"   # noqa: E731
+    if not local and (name.startswith((".", "/", "~")) or name.count("/") > 1):
+        fail(f"{where}: no such folder")
+    try:
+        model_type = AutoConfig.from_pretrained(name).model_type
+    except Exception as e:
+        fail(f"{where}: cannot load its config ({why(e)})" + ("" if local else
+             "; a hub name needs the network or a cached copy: offline, download it first or give a local folder"))
+    if model_type != "llama":
+        fail(f"{where} is a {model_type} model, not a Llama (the architecture this project trains)")
+    try:
+        hf = Llama.from_hf(AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32))
+    except Exception as e:
+        fail(f"{where}: cannot load the model ({why(e)})")
+    try:
+        hf_tokenizer = AutoTokenizer.from_pretrained(name)
+    except Exception:
+        print(f"note: {where} ships no tokenizer; its vocabulary is taken to be tokenizer {tokenizer!r}'s")
+    else:
+        probe = "Final-layer jumps: Ψ and ζ over 12 layers, 2026.\n"
+        if hf_tokenizer.encode(probe, add_special_tokens=False) != get_tokenizer(tokenizer).encode_ordinary(probe):
+            fail(f"{where} has another tokenizer than {tokenizer!r} (the data's): it encodes text differently")
+    return hf.state_dict(), hf.config
 
 
 def restore(ckpt, model, optimizer, fsdp):
@@ -412,13 +485,18 @@ def lock_run(out_dir):
     return f
 
 
-def check_resume(cfg, mcfg, ckpt, path):
-    """The settings of a resumed run must be the checkpoint's, except the RESUMABLE ones: {key: [old, new]}."""
+def check_resume(cfg, mcfg, ckpt, path, data_id):
+    """The settings of a resumed run must be the checkpoint's, except the RESUMABLE ones: {key: [old, new]}. The data
+    must be the same (its data_identity); it may have moved (checkpoints without an identity compare the path)."""
     old, new = ckpt["config"], dataclasses.asdict(cfg)
     changed = {k: [old.get(k), v] for k, v in new.items() if old.get(k, v) != v}
-    wrong = {k: c for k, c in changed.items() if k not in RESUMABLE and k != "out_dir"}
+    free = RESUMABLE | {"out_dir"} | ({"data_dir"} if ckpt.get("data_identity") else set())
+    wrong = {k: c for k, c in changed.items() if k not in free}
     if ckpt.get("model_config") != dataclasses.asdict(mcfg):
         fail(f"checkpoint {path} is of another model: use another out_dir or the same model")
+    if ckpt.get("data_identity") not in (None, data_id):
+        fail(f"{cfg.data_dir} holds other data than the run was trained on (identity {data_id}, the run's "
+             f"{ckpt['data_identity']}; prepared again?): resume on the run's data or use another out_dir")
     if wrong:
         fail(f"{cfg.out_dir} holds a run with other settings; resuming needs the same ones "
              f"({'; '.join(f'{k}: run {a!r}, now {b!r}' for k, (a, b) in wrong.items())}): use another out_dir")
@@ -477,9 +555,11 @@ def main(argv):
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
 
     # ---- weights to start from (fine-tuning) and data, checked before anything is written
-    init_sd, mcfg = init_weights(cfg.init_from) if cfg.init_from else (None, model_config(cfg))
+    init_sd, mcfg = start_weights(cfg)
     mcfg = dataclasses.replace(mcfg, max_seq_len=max(mcfg.max_seq_len, cfg.seq_len))
-    train_data, (vx, vy, vreal) = data_streams(cfg, mcfg.vocab_size, cfg.eval_batches * cfg.micro_batch)
+    train_data, (vx, vy, vreal) = data_streams(cfg, mcfg.vocab_size,
+                                               cfg.eval_batches * cfg.micro_batch if cfg.eval_interval else 0)
+    data_id = data_identity(cfg.data_dir)
     n_val = len(vx) // world * world
     if cfg.eval_interval and n_val == 0:
         fail(f"{cfg.data_dir}: the val split holds fewer than {world} windows of {cfg.seq_len + 1} tokens")
@@ -496,7 +576,7 @@ def main(argv):
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     ckpts = list_checkpoints(cfg.out_dir)
     ckpt = load_checkpoint(ckpts[-1][1]) if ckpts else None
-    changed = check_resume(cfg, mcfg, ckpt, ckpts[-1][1]) if ckpt else {}
+    changed = check_resume(cfg, mcfg, ckpt, ckpts[-1][1], data_id) if ckpt else {}
 
     with torch.device(device):                          # built in place: no full CPU copy per rank
         model = Llama(mcfg)
@@ -527,7 +607,8 @@ def main(argv):
         old = json.load(open(saved)) if step and os.path.exists(saved) else {}
         history = old.get("history", []) + [{"step": step, "changed": changed, "argv": info["argv"], "time": info["time"]}]
         write_atomic(os.path.join(cfg.out_dir, "config.json"), json.dumps(
-            {"config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg), "history": history}, indent=2))
+            {"config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg), "data_identity": data_id,
+             "history": history}, indent=2))
         write_atomic(os.path.join(cfg.out_dir, "run_info.json"), json.dumps(info, indent=2))
         kept = read_log(log_path, step) if step else []   # records past the checkpoint are redone
         write_atomic(log_path, "".join(json.dumps(r) + "\n" for r in kept))
@@ -590,7 +671,7 @@ def main(argv):
         totals = counts.sum(0)
         if ddp:
             dist.all_reduce(totals)
-        shares = counts * world / totals                              # × world: DDP averages gradients over ranks
+        shares = counts * world / totals.clamp(min=1)                 # × world: DDP averages gradients over ranks
         sums = torch.zeros(3 + mcfg.n_layer, device=device)     # ce, penalty, loss, Ψ (means over the global batch)
         for micro, (x, y, real) in enumerate(batches):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -646,7 +727,7 @@ def main(argv):
         if ddp:
             dist.all_reduce(stopping, op=dist.ReduceOp.MAX)
         if step % cfg.ckpt_interval == 0 or step == cfg.max_steps or stopping.item():
-            save_checkpoint(cfg, step, model, optimizer, seq_index)
+            save_checkpoint(cfg, step, model, optimizer, seq_index, data_id)
         if stopping.item():
             if master:
                 print(f"stopped by signal at step {step}; checkpoint saved, rerun the same command to resume")
