@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 
 import torch
 
@@ -89,7 +88,9 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
         raise SystemExit(f"error: run folder not found: {run_dir}")
     if os.path.commonpath([os.path.realpath(out), os.path.realpath(run_dir)]) == os.path.realpath(out):
         raise SystemExit(f"error: the output folder {out} holds the run folder {run_dir}")
-    if os.path.exists(out) and not (os.path.isdir(out) and not os.listdir(out)) and not overwrite:
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise SystemExit(f"error: {out} is not a folder")
+    if os.path.exists(out) and os.listdir(out) and not overwrite:
         raise SystemExit(f"error: {out} exists and is not empty (--overwrite replaces it)")
     model, enc, meta = load_run(run_dir, step, dtype=getattr(torch, dtype))
     if model.config.vocab_size < enc.n_vocab:
@@ -106,21 +107,33 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
                   "step": meta["step"], "tokens": meta["tokens"], "tokenizer": enc.name, "dtype": dtype,
                   "init_from": cfg.get("init_from", ""), "data_dir": cfg.get("data_dir"),
                   "jreg": {k: v for k, v in cfg.items() if k.startswith("jreg_")}}
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=os.path.dirname(out) or ".")
+    parent, name = os.path.dirname(out) or ".", os.path.basename(out)
+    tmp, old = (os.path.join(parent, f".{name}.{kind}-{os.getpid()}") for kind in ("tmp", "old"))
+    for path in (tmp, old):
+        shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(tmp)
     try:
         hf.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        with open(os.path.join(tmp, "jreg.json"), "w") as f:
-            json.dump(provenance, f, indent=1)
-        old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old.", dir=os.path.dirname(out) or ".")
+        # also for readers on transformers 4.x: the tokenizer's class, the template and two settings under older keys
+        for file, fields in (("tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
+                                                        "chat_template": CHAT_TEMPLATE}),
+                             ("config.json", {"rope_theta": model.config.rope_theta, "torch_dtype": dtype}),
+                             ("jreg.json", provenance)):
+            path = os.path.join(tmp, file)
+            fields = {**(json.load(open(path)) if os.path.exists(path) else {}), **fields}
+            with open(path, "w") as f:
+                json.dump(fields, f, indent=2)
+        umask = os.umask(0o22)
+        os.umask(umask)
+        for file in os.listdir(tmp):                                    # save_pretrained's files can be private
+            os.chmod(os.path.join(tmp, file), 0o666 & ~umask)
         if os.path.exists(out):
-            os.replace(out, os.path.join(old, "out"))
+            os.replace(out, old)
         os.replace(tmp, out)
-        shutil.rmtree(old)
+        shutil.rmtree(old, ignore_errors=True)
     finally:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

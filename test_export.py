@@ -167,6 +167,7 @@ def test_bfloat16_overwrite_and_atomic_write(tmp_path):
     assert torch.equal(weights["lm_head.weight"], model.lm_head.weight.bfloat16())
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
     assert sorted(os.listdir(tmp_path)) == ["hf", "run"]                       # no temporary folder left behind
+    assert {os.stat(out / f).st_mode for f in os.listdir(out)} == {os.stat(out / "config.json").st_mode}
     (tmp_path / "empty").mkdir()
     export.export(run, str(tmp_path / "empty"))                                # an empty OUT is fine
     assert "model.safetensors" in os.listdir(tmp_path / "empty")
@@ -182,6 +183,7 @@ def test_refusals(tmp_path):
              ([str(tmp_path / "none"), str(tmp_path / "a")], "no checkpoints"),
              ([run, str(tmp_path / "a"), "--step", "7"], r"--step 7: no such checkpoint .*\(steps: \[5\]\)"),
              ([run, str(tmp_path / "none" / ".."), "--overwrite"], "the output folder .* holds the run folder"),
+             ([run, str(tmp_path / "full" / "notes.txt")], ".*notes.txt is not a folder"),
              ([run, str(tmp_path / "full")], ".* exists and is not empty .--overwrite replaces it."),
              ([str(tmp_path / "odd"), str(tmp_path / "a")],
               r"the model's vocabulary \(200\) is smaller than that of tokenizer 'bytes' \(257\)")]
