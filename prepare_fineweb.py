@@ -374,8 +374,8 @@ def prepare(out_dir, *, inputs=None, name=None, text_field="text", tokenizer="gp
         raise SystemExit(f"error: the input has no documents: {', '.join(d for d, _ in sources)}")
     if not any(s["split"] == "train" for s in m["shards"]):
         size = f"--val_tokens {val_tokens:,}" if val_tokens else "the default size"
-        raise SystemExit(f"error: {out_dir}: the input holds {written:,} tokens, all in the val split ({size}): nothing "
-                         f"to train on; prepare it again with --overwrite and a smaller --val_tokens (e.g. "
+        raise SystemExit(f"error: {out_dir}: the input holds {written:,} tokens, all in the val split ({size}): "
+                         f"nothing to train on; prepare it again with --overwrite and a smaller --val_tokens (e.g. "
                          f"{written // VAL_SHARE:,}), or without it (a tenth, at most {VAL_MAX:,})")
     m.update(complete=True, tokens=written, documents=sum(s["documents"] for s in m["shards"]))
     write_atomic(os.path.join(out_dir, MANIFEST), json.dumps(m, indent=1))

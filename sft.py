@@ -31,16 +31,16 @@ empty; an input without any record is an error ("no conversations").
 Prepared folder: ``sft_val_000000.bin`` (the first --val_conversations kept conversations) and
 ``sft_train_000001.bin``, ... (--shard_conversations kept conversations each), token shards written by
 prepare_fineweb.write_shard; beside each, ``<shard>.bin.mask``, a shard in the same format (tokenizer "loss-mask",
-vocabulary 2) holding one mask value per token, 1 where the token is a training target. A conversation is never split
-across shards and starts at its leading EOT, the only EOT with mask 0: that is how readers find
-conversation boundaries. A conversation longer than --seq_len + 1 tokens is cut to that length and kept if a
-loss token remains. Before rendering, its contents are cut to (seq_len + 1) x (the longest token, in bytes)
-characters in all, which make more than seq_len + 1 tokens whatever the text: the text beyond cannot reach the
-window and is never tokenised, so memory stays bounded whatever a record's size (for ordinary text the tokens
-kept are those of the whole text; tested). ``manifest.json`` (kind "sft") records the arguments, every shard,
-the counts (COUNTS: records = kept + malformed + no_loss + cut_dropped; no_loss: no answer at all, cut_dropped: the
-cut left no answer token; truncated: kept conversations that were cut) and ``complete``; it is rewritten after each shard, so rerunning a killed command resumes after the last
-complete shard (skipping the input records it consumed) and gives byte-identical files.
+vocabulary 2) holding one mask value per token, 1 where the token is a training target. A conversation is never
+split across shards and starts at its leading EOT, the only EOT with mask 0: that is how readers find conversation
+boundaries. A conversation longer than --seq_len + 1 tokens is cut to that length and kept if a loss token remains.
+Before rendering, its contents are cut to (seq_len + 1) x (the longest token, in bytes) characters in all, which
+make more than seq_len + 1 tokens whatever the text: the text beyond cannot reach the window and is never tokenised,
+so memory stays bounded whatever a record's size (for ordinary text the tokens kept are those of the whole text;
+tested). ``manifest.json`` (kind "sft") records the arguments, every shard, the counts (COUNTS: records = kept +
+malformed + no_loss + cut_dropped; no_loss: no answer at all, cut_dropped: the cut left no answer token; truncated:
+kept conversations that were cut) and ``complete``; it is rewritten after each shard, so rerunning a killed command
+resumes after the last complete shard (skipping the input records it consumed) and gives byte-identical files.
 
 Training reads the folder with ``PackedStream``: conversations packed best-fit into windows of seq_len + 1
 tokens, each window starting at a conversation start, padded with EOT; targets are -1 except on loss tokens.
@@ -142,7 +142,7 @@ def clean(messages):
 def records(sources):
     """(where, record) for each record of [(description, dataset or None when the file holds none)], in order."""
     for desc, ds in sources:
-        it = iter(ds or ())
+        it = iter(() if ds is None else ds)
         for i in itertools.count():
             try:
                 record = next(it, None)

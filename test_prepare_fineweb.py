@@ -181,8 +181,8 @@ def test_default_val_split_is_a_tenth_of_a_small_corpus(tmp_path):
              "--shard_tokens", "300", "--quiet"])
     m, want = json.load(open(os.path.join(out, "manifest.json"))), expected_tokens(BYTES, DOCS)
     assert m["complete"] and m["config"]["val_tokens"] is None and np.array_equal(all_tokens(out), want)
-    assert [s["num_tokens"] for s in m["shards"]] == [len(want) // 10] + [300] * ((len(want) - len(want) // 10) // 300) \
-        + [(len(want) - len(want) // 10) % 300]
+    val, train = len(want) // 10, len(want) - len(want) // 10
+    assert [s["num_tokens"] for s in m["shards"]] == [val] + [300] * (train // 300) + [train % 300]
 
 
 def test_default_val_split_of_a_large_corpus_resumes_byte_identically(tmp_path, monkeypatch):

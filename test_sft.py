@@ -199,7 +199,7 @@ def test_bad_records_are_malformed_not_tracebacks(tmp_path, capsys):
         with pytest.raises(SystemExit, match=r"^error: no usable conversation in the input \(1 records, 1 malformed"):
             sft.prepare(str(tmp_path / f"o{i}"), inputs=[path], tokenizer="bytes", log=lambda s: None)
     (tmp_path / "empty.jsonl").write_text("")
-    with pytest.raises(SystemExit, match=r"^error: no conversations in the input: .*empty\.jsonl$"):  # was StopIteration
+    with pytest.raises(SystemExit, match=r"^error: no conversations in the input: .*empty\.jsonl$"):  # StopIteration
         sft.prepare(str(tmp_path / "o"), inputs=[str(tmp_path / "empty.jsonl")], tokenizer="bytes")
 
 
