@@ -43,7 +43,7 @@ def save_run(run_dir, tokenizer="bytes", steps=(5,), vocab_size=None):
     for step in steps:
         torch.manual_seed(step)
         model = Llama(LlamaConfig(vocab_size=vocab_size or VOCAB[tokenizer], n_layer=2, n_head=4, n_kv_head=2,
-                                  d_model=32, ffn_hidden=64, max_seq_len=128, init_std=0.3))
+                                  d_model=32, ffn_hidden=64, max_seq_len=128, rope_theta=5e5, init_std=0.3))
         with torch.no_grad():
             model.lm_head.weight[get_tokenizer(tokenizer).n_vocab:] = 0
         config = {"tokenizer": tokenizer, "data_dir": "data/sft", "init_from": "out/base", "jreg_lambda": 1.0,
@@ -97,6 +97,10 @@ def test_logits_config_and_provenance(exported):
     assert (hf.generation_config.eos_token_id, hf.generation_config.pad_token_id) == (eot, eot)
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
             "tokenizer_config.json", "jreg.json"} <= set(os.listdir(out))
+    config, tok_config = (json.loads((out / f).read_text()) for f in ("config.json", "tokenizer_config.json"))
+    assert (config["rope_theta"], config["torch_dtype"]) == (5e5, "float32")   # also for readers on transformers 4.x
+    assert tok_config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert tok_config["chat_template"] == export.CHAT_TEMPLATE
     meta = json.loads((out / "jreg.json").read_text())
     assert meta["source"] == str(out.parent / "run") and meta["checkpoint"] == "ckpt_0000005.pt"
     assert (meta["step"], meta["tokens"], meta["tokenizer"], meta["init_from"]) == (5, 640, enc.name, "out/base")
