@@ -8,8 +8,10 @@
 OUT holds model.safetensors and config.json (LlamaForCausalLM from model.Llama.to_hf; the padded vocabulary rows stay,
 so vocab_size is the model's), generation_config.json (bos = eos = pad = <|endoftext|>), tokenizer.json and
 tokenizer_config.json (a fast byte-level BPE built from the run's tiktoken ranks: gpt2, bytes, any tiktoken encoding
-that converts; checked on a sample text, else refused), sft.py's chat template as Jinja (chat_template.jinja), and
-jreg.json: the source run, step, tokens, tokenizer and the run's JREG settings. The tokenizer adds no BOS/EOS to text.
+that converts; checked on a sample text, else refused), sft.py's chat template as Jinja (chat_template.jinja, and in
+tokenizer_config.json with the keys transformers 4.x reads), and jreg.json: the source run, step, tokens, tokenizer and
+the run's JREG settings. The tokenizer adds no BOS/EOS to text. Generation stops at <|endoftext|>; chat.py also stops
+at the text "<|user|>": transformers' generate does so with stop_strings=["<|user|>"], tokenizer=tok.
 
 It encodes like tiktoken except in one place: the newline that ends a role header ("<|user|>\\n", ...) is always a
 token boundary, because sft.py encodes the header and the content separately; so apply_chat_template(messages,
