@@ -33,7 +33,7 @@ import torch.nn as nn
 
 from jreg import WEIGHTINGS, Profile, displacement, jump_rate, layer_weights, streams
 from model import PRESETS, Llama, LlamaConfig
-from prepare_fineweb import get_tokenizer, list_shards, read_shard, write_atomic
+from prepare_fineweb import get_tokenizer, list_shards, load_manifest, read_shard, write_atomic
 from sft import PackedStream, is_conversations
 
 
@@ -263,7 +263,7 @@ def data_streams(cfg, vocab_size, n_val):
     train = stream(cfg.data_dir, "train", cfg.seq_len, cfg.seed, cfg.tokenizer, vocab_size)
     if not n_val:
         return train, (torch.zeros(0, cfg.seq_len, dtype=torch.long),) * 2 + (None,)
-    if not any(s["split"] == "val" for s in read_manifest(cfg.data_dir)["shards"]):
+    if not any(s["split"] == "val" for s in load_manifest(cfg.data_dir)["shards"]):
         fail(f"{cfg.data_dir} has no val split (prepared with --val_tokens 0 or --val_conversations 0), which "
              f"eval_interval = {cfg.eval_interval} needs: set eval_interval=0 or prepare it with a val split")
     if stream is PackedStream:
@@ -273,16 +273,11 @@ def data_streams(cfg, vocab_size, n_val):
     return train, (windows[:, :-1], windows[:, 1:], None)
 
 
-def read_manifest(data_dir):
-    with open(os.path.join(data_dir, "manifest.json")) as f:      # already checked by the stream that read the shards
-        return json.load(f)
-
-
 def data_identity(data_dir):
     """What data_dir holds, not where it is: a fingerprint of its manifest's preparation settings and shard list
     (files, splits, token counts), and of the first and last 4 KiB of each shard file, so that other text prepared
     again into the same folder with the same sizes still differs. A moved or copied folder keeps its identity."""
-    m = read_manifest(data_dir)
+    m = load_manifest(data_dir)
     h = hashlib.sha256(json.dumps([m.get("config"), m["shards"]], sort_keys=True).encode())
     for name in [n for s in m["shards"] for n in (s["file"], s.get("mask")) if n]:
         with open(os.path.join(data_dir, name), "rb") as f:
