@@ -488,8 +488,12 @@ def test_sft_run_resumes_after_its_init_source_is_gone(data_dir, sft_dir, tmp_pa
     args = [f"--init_from={tmp_path / 'pre'}@1", f"--data_dir={sft_dir}", *SFT[:-2], "--ckpt_interval=2", "--max_steps=3"]
     full, _ = run(data_dir, tmp_path / "full", *args)
     real_lr_at = train.lr_at
-    monkeypatch.setattr(train, "lr_at", lambda step, cfg: (_ for _ in ()).throw(KeyboardInterrupt) if step == 2
-                        else real_lr_at(step, cfg))                       # killed during step 3, after ckpt 2
+
+    def crash_at_3(step, cfg):                                     # killed during step 3, after checkpoint 2
+        if step == 2:
+            raise KeyboardInterrupt("simulated kill")
+        return real_lr_at(step, cfg)
+    monkeypatch.setattr(train, "lr_at", crash_at_3)
     with pytest.raises(KeyboardInterrupt):
         run(data_dir, tmp_path / "sft", *args)
     monkeypatch.setattr(train, "lr_at", real_lr_at)
