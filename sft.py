@@ -44,6 +44,12 @@ resumes after the last complete shard (skipping the input records it consumed) a
 
 Training reads the folder with ``PackedStream``: conversations packed best-fit into windows of seq_len + 1
 tokens, each window starting at a conversation start, padded with EOT; targets are -1 except on loss tokens.
+Packing is plain concatenation [ours]: attention is causal over the whole window, so a conversation also attends to
+the conversations before it in its window, and its positions continue theirs (no per-conversation mask, no position
+reset; the first conversation of a window is unaffected). Measured on the small KJV fine-tuning run (README,
+"Fine-tuning: sft.py + train.py"; results/sft_kjv/packing_effect.json): +0.0001 nats of assistant-token loss on
+the val conversations packed vs alone at seq_len 512, where 2 of 200 share a window; +0.0033 on conversations cut
+to 129 tokens, three to a window.
 """
 import argparse
 import itertools
