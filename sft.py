@@ -190,7 +190,7 @@ def conversations(source, enc, seq_len, counts):
         ids, mask = ids[:seq_len + 1], mask[:seq_len + 1]
         n_loss = sum(mask)
         if n_loss == 0:
-            counts["cut_dropped" if cut_off else "no_loss"] += 1
+            counts["cut_dropped" if cut_off and any(m["role"] == "assistant" for m in messages) else "no_loss"] += 1
             continue
         counts["kept"] += 1
         counts["truncated"] += cut_off

@@ -180,12 +180,13 @@ def test_prepare_resumes_byte_identical_and_refuses_other_arguments(tmp_path, mo
 def test_main_prints_the_counts(tmp_path, capsys):
     """Before: a conversation dropped because its cut left no answer was also counted as cut (kept)."""
     long = [{"role": "user", "content": "q" * 300}, {"role": "assistant", "content": "a"}]
-    path = write_jsonl(tmp_path / "in.jsonl", [{"messages": m} for m in conversations(5) + [long, long[:1]]])
+    path = write_jsonl(tmp_path / "in.jsonl", [{"messages": m} for m in conversations(5) + [long, long[:1]]] +
+                       [{"messages": [{"role": "system", "content": "s" * 300}]}])  # no answer at all, however long
     sft.main(["--input", path, "--out_dir", str(tmp_path / "o"), "--tokenizer", "bytes", "--val_conversations", "2",
               "--seq_len", "256"])
     out = capsys.readouterr().out
-    assert "7 records -> 5 conversations (val 2, train 3)" in out and "; 0 cut to 257 tokens, 0 trimmed;" in out
-    assert "dropped: 0 malformed, 1 without an answer, 1 with no answer token within 257 tokens;" in out
+    assert "8 records -> 5 conversations (val 2, train 3)" in out and "; 0 cut to 257 tokens, 0 trimmed;" in out
+    assert "dropped: 0 malformed, 2 without an answer, 1 with no answer token within 257 tokens;" in out
 
 
 def test_bad_records_are_malformed_not_tracebacks(tmp_path, capsys):
