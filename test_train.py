@@ -14,6 +14,12 @@ import torch
 
 import train
 import prepare_fineweb
+import config as CF
+import conversations as CV
+import data as D
+import jreg
+import model as M
+import runs as R
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -125,17 +131,17 @@ def test_nonfinite_step_is_never_applied_or_saved(data_dir, tmp_path, monkeypatc
     monkeypatch.setattr(train, "lr_at", lambda step, cfg: float("inf") if step == 3 else real_lr_at(step, cfg))
     with pytest.raises(SystemExit, match="non-finite parameters after step 4.*ckpt_0000003.pt"):
         run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--ckpt_interval=1")
-    assert [s for s, _ in train.list_checkpoints(tmp_path)][-1] == 3
-    for _, path in train.list_checkpoints(tmp_path):
+    assert [s for s, _ in R.list_checkpoints(tmp_path)][-1] == 3
+    for _, path in R.list_checkpoints(tmp_path):
         assert all(torch.isfinite(v).all() for v in torch.load(path, weights_only=False)["model"].values())
     monkeypatch.setattr(train, "lr_at", real_lr_at)
-    real_forward, saved = train.JregObjective.forward, open(tmp_path / "ckpt_0000003.pt", "rb").read()
-    monkeypatch.setattr(train.JregObjective, "forward", lambda self, x, y, real=None: tuple(
+    real_forward, saved = jreg.JregObjective.forward, open(tmp_path / "ckpt_0000003.pt", "rb").read()
+    monkeypatch.setattr(jreg.JregObjective, "forward", lambda self, x, y, real=None: tuple(
         t * float("nan") if i == 0 else t for i, t in enumerate(real_forward(self, x, y, real))))   # a loss spike to NaN
     with pytest.raises(SystemExit, match="non-finite loss nan .* at step 4; nothing of this step"):
         run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--ckpt_interval=1")
     assert open(tmp_path / "ckpt_0000003.pt", "rb").read() == saved
-    monkeypatch.setattr(train.JregObjective, "forward", real_forward)
+    monkeypatch.setattr(jreg.JregObjective, "forward", real_forward)
     steps, _ = run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--ckpt_interval=1")
     assert [r["step"] for r in steps] == list(range(1, 7)) and all(np.isfinite(r["loss"]) for r in steps)
 
@@ -153,23 +159,23 @@ def test_config_errors(data_dir, tmp_path):
     r = cli("--jreg_lamda=1")
     assert r.returncode != 0 and "unknown config key 'jreg_lamda'" in r.stderr
     with pytest.raises(SystemExit, match="'max_steps': expected int"):
-        train.load_config(["--max_steps=ten"])
+        CF.load_config(["--max_steps=ten"])
     cfg_file.write_text("lr = 'fast'\n")
     with pytest.raises(SystemExit, match="'lr': expected float"):
-        train.load_config([str(cfg_file)])
+        CF.load_config([str(cfg_file)])
     with pytest.raises(SystemExit, match="'compile': expected bool"):
-        train.load_config(["--compile=maybe"])
+        CF.load_config(["--compile=maybe"])
     with pytest.raises(SystemExit, match="does not exist"):
-        train.load_config([str(tmp_path / "missing.py")])
+        CF.load_config([str(tmp_path / "missing.py")])
     with pytest.raises(SystemExit, match="jreg_weighting"):
-        train.load_config(["--jreg_weighting=top"])
-    cfg = train.load_config(["configs/170m_jreg.py", "--lr=1e-3", "--max_steps=5e3"])
+        CF.load_config(["--jreg_weighting=top"])
+    cfg = CF.load_config(["configs/170m_jreg.py", "--lr=1e-3", "--max_steps=5e3"])
     assert (cfg.lr, cfg.max_steps, cfg.jreg_lambda, cfg.model) == (1e-3, 5000, 1.0, "170m")
     assert cfg.batch_tokens == 524288 and cfg.out_dir == "out/170m_jreg"       # include("170m.py") + overrides
     (tmp_path / "base.py").write_text("lr = 0.5\nwarmup_step = 3\n")
     cfg_file.write_text("include('base.py')\n")
     with pytest.raises(SystemExit, match="unknown config key 'warmup_step'"):
-        train.load_config([str(cfg_file)])
+        CF.load_config([str(cfg_file)])
     with pytest.raises(SystemExit, match="batch_tokens"):
         run(data_dir, tmp_path / "b", "--batch_tokens=500")
 
@@ -262,7 +268,7 @@ def test_second_process_in_the_same_run_folder_is_refused(data_dir, tmp_path):
     finally:
         first.kill()                                            # kill -9: no cleanup, the lock file stays
         first.wait()
-    last = train.list_checkpoints(tmp_path)[-1][0]                # how far the first one got before its kill
+    last = R.list_checkpoints(tmp_path)[-1][0]                # how far the first one got before its kill
     steps, _ = run(data_dir, tmp_path, f"--max_steps={last + 2}", "--ckpt_interval=2", "--eval_interval=0")
     assert [r["step"] for r in steps] == list(range(1, last + 3))
 
@@ -294,15 +300,15 @@ def test_checkpoint_of_another_model_is_refused(data_dir, tmp_path):
 
 
 def test_data_order_is_deterministic_disjoint_and_resumable(data_dir):
-    s = train.ShardStream(data_dir, "train", 64, seed=0, tokenizer="bytes", vocab_size=320)
+    s = D.ShardStream(data_dir, "train", 64, seed=0, tokenizer="bytes", vocab_size=320)
     n = s.per_epoch
     first = [s.position(k) for k in range(n)]
     assert len(set(first)) == n                                   # one epoch visits every window once
     second = [s.position(k) for k in range(n, 2 * n)]
     assert sorted(first) == sorted(second) and first != second    # next epoch: same windows, new order
-    again = train.ShardStream(data_dir, "train", 64, seed=0, tokenizer="bytes", vocab_size=320)
+    again = D.ShardStream(data_dir, "train", 64, seed=0, tokenizer="bytes", vocab_size=320)
     assert [again.position(k) for k in range(n - 5, n + 5)] == first[-5:] + second[:5]   # random access
-    other = train.ShardStream(data_dir, "train", 64, seed=1, tokenizer="bytes", vocab_size=320)
+    other = D.ShardStream(data_dir, "train", 64, seed=1, tokenizer="bytes", vocab_size=320)
     assert [other.position(k) for k in range(10)] != first[:10]
     shard, start = first[7]
     assert np.array_equal(s.window(7), s.shards[shard][start:start + 65])
@@ -311,7 +317,7 @@ def test_data_order_is_deterministic_disjoint_and_resumable(data_dir):
 
 
 def test_lr_schedule():
-    cfg = train.Config(lr=1.0, warmup_steps=10, max_steps=110, min_lr_ratio=0.1)
+    cfg = CF.Config(lr=1.0, warmup_steps=10, max_steps=110, min_lr_ratio=0.1)
     assert train.lr_at(0, cfg) == pytest.approx(0.1) and train.lr_at(9, cfg) == pytest.approx(1.0)
     assert train.lr_at(60, cfg) == pytest.approx(0.55) and train.lr_at(110, cfg) == pytest.approx(0.1)
 
@@ -357,7 +363,7 @@ def test_compiled_training_matches_eager(data_dir, tmp_path):
 @pytest.fixture(scope="module")
 def sft_dir(tmp_path_factory):
     """Conversations of varied lengths (so micro-batches hold different numbers of assistant tokens), byte tokens."""
-    import sft
+    import prepare_sft
     rng = np.random.default_rng(0)
     words = lambda n: " ".join(f"w{int(x)}" for x in rng.integers(0, 99, n))  # noqa: E731
     d = tmp_path_factory.mktemp("sft")
@@ -368,7 +374,7 @@ def sft_dir(tmp_path_factory):
                 m += [{"role": "user", "content": words(int(rng.integers(2, 20)))},
                       {"role": "assistant", "content": words(int(rng.integers(1, 12)))}]
             f.write(json.dumps({"messages": m}) + "\n")
-    sft.main(["--input", str(d / "chats.jsonl"), "--out_dir", str(d / "data"), "--tokenizer", "bytes",
+    prepare_sft.main(["--input", str(d / "chats.jsonl"), "--out_dir", str(d / "data"), "--tokenizer", "bytes",
               "--seq_len", "128", "--val_conversations", "16"])
     return str(d / "data")
 
@@ -397,15 +403,15 @@ def test_sft_starts_from_a_pretraining_run_and_trains_on_assistant_tokens(data_d
                        "--seq_len=128", "--batch_tokens=1024", "--micro_batch=4", "--epochs=1", "--warmup_ratio=0.1",
                        "--eval_interval=100", "--n_layer=7")    # the shape comes from the initial weights, not n_layer
     cfg = json.load(open(tmp_path / "sft" / "config.json"))
-    import sft
-    per_epoch = sft.PackedStream(sft_dir, "train", 128, 0, "bytes", 320).per_epoch
+    import prepare_sft
+    per_epoch = CV.PackedStream(sft_dir, "train", 128, 0, "bytes", 320).per_epoch
     assert cfg["config"]["max_steps"] == math.ceil(per_epoch / 8) == len(steps)
     assert cfg["config"]["warmup_steps"] == round(0.1 * len(steps)) and cfg["model_config"]["n_layer"] == 4
     assert evals[0]["step"] == 0 and len(evals[0]["psi"]) == 4 and steps[-1]["loss"] < steps[0]["loss"]
     # step 0's evaluation is the pre-trained model's: the initial weights were loaded
-    model = train.Llama(train.LlamaConfig(**cfg["model_config"]))
+    model = M.Llama(M.LlamaConfig(**cfg["model_config"]))
     model.load_state_dict(pre)
-    val = sft.PackedStream(sft_dir, "val", 128, 0, "bytes", 320)
+    val = CV.PackedStream(sft_dir, "val", 128, 0, "bytes", 320)
     x, y, real = val.batch(0, val.per_epoch)                     # all of it: fewer than eval_batches × micro_batch
     with torch.no_grad():
         assert evals[0]["val_loss"] == pytest.approx(model(x, y).loss.item(), rel=1e-5)
@@ -468,10 +474,10 @@ def test_resume_refuses_a_data_dir_prepared_again_with_other_data(tmp_path):
 def test_data_without_a_val_split_trains_with_eval_off_and_is_refused_with_eval_on(sft_dir, tmp_path):
     """--val_tokens 0 / --val_conversations 0: eval_interval=0 trains; eval_interval > 0 is one line before anything
     is written. (Before: "no val shards" even with eval_interval=0.)"""
-    import sft
+    import prepare_sft
     tokens = prepared(tmp_path / "tokens", SOURCE, "--val_tokens", "0")
     chats = str(tmp_path / "chats")
-    sft.prepare(chats, inputs=[os.path.join(os.path.dirname(sft_dir), "chats.jsonl")], tokenizer="bytes",
+    prepare_sft.prepare(chats, inputs=[os.path.join(os.path.dirname(sft_dir), "chats.jsonl")], tokenizer="bytes",
                 seq_len=128, val_conversations=0, log=lambda *a: None)
     for d, extra in ((tokens, []), (chats, SFT[:3])):
         with pytest.raises(SystemExit, match="no val split.*eval_interval=0"):
@@ -525,7 +531,7 @@ def test_init_from_errors_are_one_line_and_latest_is_the_newest_checkpoint(data_
     (tmp_path / "broken" / "config.json").write_text('{"model_type": "llama", "hidden')
     run(data_dir, tmp_path / "pre", "--max_steps=2", "--eval_interval=0")
     ckpt = torch.load(tmp_path / "pre" / "ckpt_0000002.pt", weights_only=False)
-    llama = train.Llama(train.LlamaConfig(**ckpt["model_config"]))
+    llama = M.Llama(M.LlamaConfig(**ckpt["model_config"]))
     llama.load_state_dict(ckpt["model"])
     llama.to_hf().save_pretrained(tmp_path / "llama")
     shutil.copytree(tmp_path / "llama", tmp_path / "llama_words")

@@ -1,8 +1,8 @@
 # Supervised fine-tuning of the 3.4B baseline (the paper's SFT comparison), Tulu-style settings [ours]:
-#   python sft.py --out_dir data/tulu_v2 --seq_len 2048           # Tulu v2 SFT mixture, prepared once
+#   python prepare_sft.py --out_dir data/tulu_v2 --seq_len 2048           # Tulu v2 SFT mixture, prepared once
 #   torchrun --nproc_per_node=8 train.py configs/sft_3.4b.py
 init_from = "out/3.4b"         # the pre-trained run's newest checkpoint (RUN_DIR@STEP for another)
-data_dir = "data/tulu_v2"      # sft.py's packed conversations: loss on assistant tokens only
+data_dir = "data/tulu_v2"      # prepare_sft.py's packed conversations: loss on assistant tokens only
 out_dir = "out/sft_3.4b"
 tokenizer = "gpt2"
 batch_tokens = 262144          # 128 sequences x 2048 tokens

@@ -1,7 +1,7 @@
 """Supervised fine-tuning data: the chat template, conversation loading, preparation into shards, packing.
 
-    python sft.py --out_dir data/sft                                     # Tulu v2 SFT mixture, streamed from the hub
-    python sft.py --input chats.jsonl more.parquet --out_dir data/mine --seq_len 1024 --val_conversations 100
+    python prepare_sft.py --out_dir data/sft                                     # Tulu v2 SFT mixture, streamed from the hub
+    python prepare_sft.py --input chats.jsonl more.parquet --out_dir data/mine --seq_len 1024 --val_conversations 100
 
 Chat template (the documentation of record; GPT-2 vocabulary, Tulu / open-instruct style). A conversation
 is rendered as plain text; each piece (role header, content, newline) is encoded separately with tiktoken
@@ -47,7 +47,7 @@ tokens, each window starting at a conversation start, padded with EOT; targets a
 Packing is plain concatenation [ours]: attention is causal over the whole window, so a conversation also attends to
 the conversations before it in its window, and its positions continue theirs (no per-conversation mask, no position
 reset; the first conversation of a window is unaffected). Measured on the small KJV fine-tuning run (README,
-"Fine-tuning: sft.py + train.py"; results/sft_kjv/packing_effect.json): +0.0001 nats of assistant-token loss on
+"Fine-tuning: prepare_sft.py + train.py"; results/sft_kjv/packing_effect.json): +0.0001 nats of assistant-token loss on
 the val conversations packed vs alone at seq_len 512, where 2 of 200 share a window; +0.0033 on conversations cut
 to 129 tokens, three to a window.
 """
@@ -60,14 +60,13 @@ import time
 from functools import lru_cache
 
 import numpy as np
-import torch
 
-from prepare_fineweb import get_tokenizer, load_manifest, open_sources, read_shard, write_atomic, write_shard
+from conversations import HEADERS, MASK_TOKENIZER, render
+from data import get_tokenizer, load_manifest, open_sources, write_atomic, write_shard
+
 
 DEFAULT_DATASET = "allenai/tulu-v2-sft-mixture"
 MANIFEST = "manifest.json"
-MASK_TOKENIZER = "loss-mask"
-HEADERS = {"system": "<|system|>\n", "user": "<|user|>\n", "assistant": "<|assistant|>\n"}
 COUNTS = ("records", "kept", "trimmed", "truncated", "malformed", "no_loss", "cut_dropped", "tokens", "loss_tokens")
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
                   "bing": "assistant", "bard": "assistant", "system": "system"}
@@ -75,36 +74,6 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
 
 # ----------------------------------------------------------------------------------------------------------
 # The chat template
-
-def render(messages, enc):
-    """Token ids and loss mask (1 = assistant content and its closing EOT, else 0) of a conversation.
-
-    messages: [{"role": "system" | "user" | "assistant", "content": str}, ...]; enc: a tiktoken Encoding."""
-    ids, mask = [enc.eot_token], [0]
-
-    def add(tokens, loss):
-        ids.extend(tokens)
-        mask.extend([loss] * len(tokens))
-
-    for i, m in enumerate(messages):
-        role, content = m["role"], m["content"]
-        if role not in HEADERS:
-            raise ValueError(f"unknown role {role!r} (expected system, user or assistant)")
-        add(enc.encode_ordinary(HEADERS[role]), 0)
-        if role == "assistant":
-            add(enc.encode_ordinary(content) + [enc.eot_token], 1)
-            if i + 1 < len(messages):
-                add(enc.encode_ordinary("\n"), 0)
-        else:
-            add(enc.encode_ordinary(content) + enc.encode_ordinary("\n"), 0)
-    return ids, mask
-
-
-def prompt_ids(messages, enc):
-    """Token ids that ask the model for the next assistant turn: render(messages) + "<|assistant|>\\n"."""
-    if messages and messages[-1]["role"] == "assistant":
-        raise ValueError("a generation prompt ends with a user (or system) message, not an assistant one")
-    return render(messages, enc)[0] + enc.encode_ordinary(HEADERS["assistant"])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -288,119 +257,6 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
 
 # ----------------------------------------------------------------------------------------------------------
 # Packing for training
-
-def is_conversations(data_dir):
-    """Whether data_dir holds conversations prepared by this file (its manifest says kind "sft"), not plain text:
-    train.py and evaluate.py ask this to choose between packed conversations and text windows."""
-    path = os.path.join(data_dir, MANIFEST)
-    if not os.path.isfile(path):
-        return False
-    try:
-        with open(path) as f:
-            return json.load(f).get("kind") == "sft"
-    except (ValueError, AttributeError):
-        raise SystemExit(f"error: {path} is unreadable; prepare the folder again (--overwrite)") from None
-
-
-def read_manifest(data_dir):
-    """The manifest of a complete sft.py preparation (one error line for anything else)."""
-    path = os.path.join(data_dir, MANIFEST)
-    if (manifest := load_manifest(data_dir, lambda m: all(isinstance(s["mask"], str) for s in m["shards"]))) is None:
-        raise SystemExit(f"error: {data_dir}: no {MANIFEST}; prepare the conversations with sft.py")
-    if manifest.get("kind") != "sft" or not manifest.get("complete"):
-        raise SystemExit(f"error: {path}: not a complete sft.py preparation (kind {manifest.get('kind')!r}, "
-                         f"complete {manifest.get('complete')}); rerun its sft.py command")
-    return manifest
-
-
-def best_fit(lengths, order, capacity):
-    """Windows (lists of conversation indices) filled best-fit, conversations taken in `order`: each goes into
-    the open window with the least free room that holds it, else opens a new window."""
-    windows, by_room, nonempty = [], [[] for _ in range(capacity + 1)], 0  # bit r of nonempty: by_room[r] has windows
-    for c in order:
-        n = int(lengths[c])
-        fits = nonempty >> n
-        if fits:
-            room = n + (fits & -fits).bit_length() - 1
-            w = by_room[room].pop()
-            if not by_room[room]:
-                nonempty &= ~(1 << room)
-        else:
-            w, room = len(windows), capacity
-            windows.append([])
-        windows[w].append(c)
-        if room > n:
-            by_room[room - n].append(w)
-            nonempty |= 1 << (room - n)
-    return windows
-
-
-class PackedStream:
-    """Window k of an endless stream of packed conversations (the interface of train.ShardStream).
-
-    The conversations of `split` are packed once, best-fit into windows of seq_len + 1 tokens, in an order drawn
-    from seed (in stored order for val); epoch e = k // per_epoch visits the windows in an order drawn from
-    (seed, e) (stored order for val). So every window starts at a conversation start, no conversation is split,
-    each appears once per epoch, and batch(first, count) is a pure function of the indices: the loader's state is
-    one integer and the global batch does not depend on the number of processes."""
-
-    def __init__(self, data_dir, split, seq_len, seed, tokenizer, vocab_size):
-        manifest = read_manifest(data_dir)
-        entries = [e for e in manifest["shards"] if e["split"] == split]
-        if not entries:
-            raise SystemExit(f"error: {data_dir}: no {split} shards")
-        self.seq_len, self.seed, self.shuffle = seq_len, seed, split == "train"
-        self.tokens, self.masks, where, starts, lengths = [], [], [], [], []
-        for i, e in enumerate(entries):
-            tokens, header = read_shard(os.path.join(data_dir, e["file"]), tokenizer=tokenizer)
-            mask, _ = read_shard(os.path.join(data_dir, e["mask"]), vocab_size=2)
-            if header["vocab_size"] > vocab_size:
-                raise SystemExit(f"error: {e['file']}: vocabulary of {header['vocab_size']} tokens does not fit the "
-                                 f"model's vocab_size {vocab_size}")
-            first = np.flatnonzero((tokens == header["eot_token"]) & (mask == 0))
-            if len(mask) != len(tokens) or len(first) != e["conversations"] or (len(first) and first[0] != 0):
-                raise SystemExit(f"error: {data_dir}: {e['file']} and its mask do not match {MANIFEST}")
-            self.tokens.append(tokens)
-            self.masks.append(mask)
-            self.eot = header["eot_token"]
-            where.append(np.full(len(first), i))
-            starts.append(first)
-            lengths.append(np.diff(first, append=len(tokens)))
-        self.where, self.starts, self.lengths = (np.concatenate(a) for a in (where, starts, lengths))
-        if self.lengths.max() > seq_len + 1:
-            raise SystemExit(f"error: {data_dir} holds conversations of up to {self.lengths.max()} tokens (prepared "
-                             f"with --seq_len {manifest['config']['seq_len']}): more than seq_len + 1 = {seq_len + 1}")
-        n = len(self.lengths)
-        order = np.random.default_rng([seed, 2]).permutation(n) if self.shuffle else np.arange(n)
-        self.windows = best_fit(self.lengths, order, seq_len + 1)
-        self.per_epoch = len(self.windows)
-        self._epoch, self._order = None, None
-
-    def window(self, k):
-        """(tokens, mask, length) of window k: seq_len + 1 tokens, its conversations (length tokens in all), then
-        EOT padding with mask 0."""
-        epoch, i = divmod(k, self.per_epoch)
-        if self.shuffle and self._epoch != epoch:
-            self._epoch, self._order = epoch, np.random.default_rng([self.seed, 1, epoch]).permutation(self.per_epoch)
-        convs = self.windows[int(self._order[i]) if self.shuffle else i]
-        tokens = np.full(self.seq_len + 1, self.eot, dtype=np.int64)
-        mask = np.zeros(self.seq_len + 1, dtype=bool)
-        pos = 0
-        for c in convs:
-            s, start, n = self.where[c], self.starts[c], self.lengths[c]
-            tokens[pos:pos + n] = self.tokens[s][start:start + n]
-            mask[pos:pos + n] = self.masks[s][start:start + n]
-            pos += n
-        return tokens, mask, pos
-
-    def batch(self, first, count):
-        """x, y: int64 [count, seq_len], y = -1 (ignored) where the target is not a loss token or is padding; and
-        real: bool [count, seq_len], False on the padding (left out of Ψ)."""
-        tokens, mask, length = zip(*(self.window(k) for k in range(first, first + count)))
-        tokens, mask = np.stack(tokens), np.stack(mask)
-        y = np.where(mask[:, 1:], tokens[:, 1:], -1)
-        real = np.arange(self.seq_len)[None, :] < np.array(length)[:, None]
-        return torch.from_numpy(tokens[:, :-1].copy()), torch.from_numpy(y), torch.from_numpy(real)
 
 
 # ----------------------------------------------------------------------------------------------------------

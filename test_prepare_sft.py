@@ -1,4 +1,4 @@
-"""Tests of sft.py: chat template, conversation loading, preparation, packing (tiny, CPU, no network)."""
+"""Tests of prepare_sft.py: chat template, conversation loading, preparation, packing (tiny, CPU, no network)."""
 import gzip
 import json
 import os
@@ -12,8 +12,10 @@ import pytest
 import tiktoken
 import torch
 
-import sft
-from prepare_fineweb import get_tokenizer, list_shards, open_sources, read_shard
+import prepare_sft
+from data import get_tokenizer, list_shards, open_sources, read_shard
+import conversations as CV
+import data as D
 
 
 def byte_enc():
@@ -30,7 +32,7 @@ CONV = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 def test_render_matches_hand_written_tokens():
     b = lambda s: list(s.encode())  # noqa: E731 -- one token per byte
     E = 256
-    ids, mask = sft.render(CONV, byte_enc())
+    ids, mask = CV.render(CONV, byte_enc())
     expected = [(E, 0), *[(t, 0) for t in b("<|system|>\nBe brief.\n")], *[(t, 0) for t in b("<|user|>\nHi\n")],
                 *[(t, 0) for t in b("<|assistant|>\n")], *[(t, 1) for t in b("Hello")], (E, 1), (10, 0),
                 *[(t, 0) for t in b("<|user|>\n2+2?\n")], *[(t, 0) for t in b("<|assistant|>\n")], (ord("4"), 1),
@@ -40,9 +42,9 @@ def test_render_matches_hand_written_tokens():
 
 def test_prompt_ids_ends_with_assistant_header():
     enc = byte_enc()
-    p = sft.prompt_ids(CONV[:4], enc)
+    p = CV.prompt_ids(CONV[:4], enc)
     assert p[-len("<|assistant|>\n"):] == list(b"<|assistant|>\n")
-    assert p == sft.render(CONV, enc)[0][:len(p)]
+    assert p == CV.render(CONV, enc)[0][:len(p)]
 
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -54,7 +56,7 @@ def write_jsonl(path, recs):
 
 
 def load(path):
-    return [sft.clean(sft.to_messages(r, w))[0] for w, r in sft.records(open_sources([str(path)])[0])]
+    return [prepare_sft.clean(prepare_sft.to_messages(r, w))[0] for w, r in prepare_sft.records(open_sources([str(path)])[0])]
 
 
 def test_three_schemas_give_the_same_messages(tmp_path):
@@ -79,25 +81,25 @@ def test_system_prompts_kept_and_irregular_turns():
     u, a = {"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}
     sharegpt = {"conversations": [{"from": "system", "value": "S"}, {"from": "human", "value": "U"},
                                   {"from": "gpt", "value": "A"}]}
-    assert sft.clean(sft.to_messages(sharegpt, "x")) == ([sys_, u, a], False)
-    assert sft.clean([sys_, a, u, a, u]) == ([sys_, u, a], True)        # leading answer and trailing question trimmed
-    assert sft.clean([u, u, a]) == (None, False)                       # not alternating
-    assert sft.clean([u, a, sys_]) == (None, False)                    # system not first
-    assert sft.clean([u, {"role": "bot", "content": "A"}]) == (None, False)
-    assert sft.clean([u, {"role": "assistant", "content": None}]) == (None, False)
+    assert prepare_sft.clean(prepare_sft.to_messages(sharegpt, "x")) == ([sys_, u, a], False)
+    assert prepare_sft.clean([sys_, a, u, a, u]) == ([sys_, u, a], True)        # leading answer and trailing question trimmed
+    assert prepare_sft.clean([u, u, a]) == (None, False)                       # not alternating
+    assert prepare_sft.clean([u, a, sys_]) == (None, False)                    # system not first
+    assert prepare_sft.clean([u, {"role": "bot", "content": "A"}]) == (None, False)
+    assert prepare_sft.clean([u, {"role": "assistant", "content": None}]) == (None, False)
 
 
 def test_bad_input_errors(tmp_path):
     with pytest.raises(SystemExit, match="error: input not found: .*nope.jsonl"):
-        sft.prepare(str(tmp_path / "out"), inputs=[str(tmp_path / "nope.jsonl")], tokenizer="bytes")
+        prepare_sft.prepare(str(tmp_path / "out"), inputs=[str(tmp_path / "nope.jsonl")], tokenizer="bytes")
     path = write_jsonl(tmp_path / "x.jsonl", [{"prompt": "a", "completion": "b"}])
     with pytest.raises(SystemExit, match=r"error: .*x.jsonl record 0: unknown conversation schema "
                                          r"\(keys \['completion', 'prompt'\]"):
-        sft.prepare(str(tmp_path / "out"), inputs=[path], tokenizer="bytes")
+        prepare_sft.prepare(str(tmp_path / "out"), inputs=[path], tokenizer="bytes")
     for kw, opt in (({"seq_len": 0}, "--seq_len"), ({"val_conversations": -1}, "--val_conversations"),
                     ({"shard_conversations": 0}, "--shard_conversations")):
         with pytest.raises(SystemExit, match=f"error: {opt} must be an integer >= "):
-            sft.prepare(str(tmp_path / "out2"), inputs=[path], tokenizer="bytes", **kw)
+            prepare_sft.prepare(str(tmp_path / "out2"), inputs=[path], tokenizer="bytes", **kw)
     assert not (tmp_path / "out2").exists()
 
 
@@ -119,7 +121,7 @@ def conversations(n, seed=0):
 def prep(tmp_path, convs, out="out", **kw):
     path = write_jsonl(tmp_path / "in.jsonl", [{"messages": m} for m in convs])
     kw = {"tokenizer": "bytes", "seq_len": 256, "val_conversations": 3, "shard_conversations": 4, **kw}
-    return str(tmp_path / out), sft.prepare(str(tmp_path / out), inputs=[path], log=lambda s: None, **kw)
+    return str(tmp_path / out), prepare_sft.prepare(str(tmp_path / out), inputs=[path], log=lambda s: None, **kw)
 
 
 def shard_bytes(out_dir):
@@ -140,7 +142,7 @@ def test_prepare_counts_truncation_and_drops(tmp_path):
     assert m["complete"] and m["counts"] == {"records": 6, "kept": 3, "trimmed": 1, "truncated": 1, "malformed": 1,
                                              "no_loss": 1, "cut_dropped": 1, "tokens": m["counts"]["tokens"],
                                              "loss_tokens": 3 + 16 + 2}
-    kept = [sft.render(convs[0], enc), [t[:51] for t in sft.render(convs[1], enc)], sft.render(convs[5][1:], enc)]
+    kept = [CV.render(convs[0], enc), [t[:51] for t in CV.render(convs[1], enc)], CV.render(convs[5][1:], enc)]
     assert m["counts"]["tokens"] == sum(len(ids) for ids, _ in kept)
     assert [(e["file"], e["split"], e["conversations"]) for e in m["shards"]] == [
         ("sft_val_000000.bin", "val", 1), ("sft_train_000001.bin", "train", 2)]
@@ -155,19 +157,19 @@ def test_prepare_counts_truncation_and_drops(tmp_path):
 def test_prepare_resumes_byte_identical_and_refuses_other_arguments(tmp_path, monkeypatch):
     convs = conversations(21)
     ref, m_ref = prep(tmp_path, convs, out="ref")
-    calls, real = [0], sft.write_shard
+    calls, real = [0], D.write_shard
 
     def dying(*a, **kw):                                 # killed after the token file of the third shard
         calls[0] += 1
         if calls[0] == 6:
             raise KeyboardInterrupt
         real(*a, **kw)
-    monkeypatch.setattr(sft, "write_shard", dying)
+    monkeypatch.setattr(prepare_sft, "write_shard", dying)
     with pytest.raises(KeyboardInterrupt):
         prep(tmp_path, convs)
     m = json.load(open(tmp_path / "out" / "manifest.json"))
     assert not m["complete"] and len(m["shards"]) == 2
-    monkeypatch.setattr(sft, "write_shard", real)
+    monkeypatch.setattr(prepare_sft, "write_shard", real)
     out, m = prep(tmp_path, convs)
     assert shard_bytes(out) == shard_bytes(ref) and len(shard_bytes(ref)) == 2 * 6
     assert (m["shards"], m["counts"], m["splits"]) == (m_ref["shards"], m_ref["counts"], m_ref["splits"])
@@ -182,7 +184,7 @@ def test_main_prints_the_counts(tmp_path, capsys):
     long = [{"role": "user", "content": "q" * 300}, {"role": "assistant", "content": "a"}]
     path = write_jsonl(tmp_path / "in.jsonl", [{"messages": m} for m in conversations(5) + [long, long[:1]]] +
                        [{"messages": [{"role": "system", "content": "s" * 300}]}])  # no answer at all, however long
-    sft.main(["--input", path, "--out_dir", str(tmp_path / "o"), "--tokenizer", "bytes", "--val_conversations", "2",
+    prepare_sft.main(["--input", path, "--out_dir", str(tmp_path / "o"), "--tokenizer", "bytes", "--val_conversations", "2",
               "--seq_len", "256"])
     out = capsys.readouterr().out
     assert "8 records -> 5 conversations (val 2, train 3)" in out and "; 0 cut to 257 tokens, 0 trimmed;" in out
@@ -194,34 +196,34 @@ def test_bad_records_are_malformed_not_tracebacks(tmp_path, capsys):
     for record in ({"messages": 5}, {"messages": "hi"}, {"messages": [5, "x"]}, {"conversations": {"from": "human"}},
                    {"conversations": [{"from": ["human"], "value": "hi"}, {"from": "gpt", "value": "yo"}]},
                    {"conversations": [{"from": "human", "value": ["hi"]}, {"from": "gpt", "value": "yo"}]}):
-        assert sft.clean(sft.to_messages(record, "x")) == (None, False), record
+        assert prepare_sft.clean(prepare_sft.to_messages(record, "x")) == (None, False), record
     for i, record in enumerate(({"messages": 5}, {"conversations": [{"from": ["human"], "value": "hi"}]})):
         path = write_jsonl(tmp_path / f"bad{i}.jsonl", [record])
         with pytest.raises(SystemExit, match=r"^error: no usable conversation in the input \(1 records, 1 malformed"):
-            sft.prepare(str(tmp_path / f"o{i}"), inputs=[path], tokenizer="bytes", log=lambda s: None)
+            prepare_sft.prepare(str(tmp_path / f"o{i}"), inputs=[path], tokenizer="bytes", log=lambda s: None)
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(SystemExit, match=r"^error: no conversations in the input: .*empty\.jsonl$"):  # StopIteration
-        sft.prepare(str(tmp_path / "o"), inputs=[str(tmp_path / "empty.jsonl")], tokenizer="bytes")
+        prepare_sft.prepare(str(tmp_path / "o"), inputs=[str(tmp_path / "empty.jsonl")], tokenizer="bytes")
 
 
 @pytest.mark.parametrize("text", ['{"kind": "sft", "shards": [', "[]", '{"kind": "sft", "shards": 5}',
                                   '{"kind": "sft", "config": {}, "shards": [], "counts": {}, "complete": false}'])
 def test_corrupt_manifest_is_one_line(tmp_path, text):
-    """Before: json.decoder.JSONDecodeError (or KeyError) tracebacks from sft.prepare and PackedStream."""
+    """Before: json.decoder.JSONDecodeError (or KeyError) tracebacks from prepare_sft.prepare and PackedStream."""
     out, _ = prep(tmp_path, conversations(10))
     open(os.path.join(out, "manifest.json"), "w").write(text)
     with pytest.raises(SystemExit, match=r"^error: .*manifest.json is unreadable; prepare the folder again"):
         prep(tmp_path, conversations(10))
-    with pytest.raises(SystemExit, match=r"^error: .*manifest.json( is unreadable|: not a complete sft.py prep)"):
-        sft.PackedStream(out, "train", 256, 0, "bytes", 300)
+    with pytest.raises(SystemExit, match=r"^error: .*manifest.json( is unreadable|: not a complete prepare_sft.py prep)"):
+        CV.PackedStream(out, "train", 256, 0, "bytes", 300)
 
 
 def test_out_dir_inside_the_input_glob(tmp_path):
     """Before: the rerun read the first run's manifest.json as input and was refused ('other arguments') ever after."""
     write_jsonl(tmp_path / "in.jsonl", [{"messages": m} for m in conversations(10)])
     kw = {"inputs": [str(tmp_path / "**" / "*.json*")], "tokenizer": "bytes", "log": lambda s: None}
-    m = sft.prepare(str(tmp_path / "out"), **kw)
-    assert sft.prepare(str(tmp_path / "out"), **kw) == m and len(m["config"]["source"]["files"]) == 1
+    m = prepare_sft.prepare(str(tmp_path / "out"), **kw)
+    assert prepare_sft.prepare(str(tmp_path / "out"), **kw) == m and len(m["config"]["source"]["files"]) == 1
 
 
 def test_long_record_is_cut_before_tokenising():
@@ -231,13 +233,13 @@ def test_long_record_is_cut_before_tokenising():
     conv = [{"role": "user", "content": "Repeat this."}, {"role": "assistant", "content": text},
             {"role": "user", "content": text}, {"role": "assistant", "content": text}]
     for name, seq_len in (("bytes", 64), ("gpt2", 64), ("gpt2", 4000)):
-        enc, counts = get_tokenizer(name), dict.fromkeys(sft.COUNTS, 0)
-        sft.longest_token(enc)
+        enc, counts = get_tokenizer(name), dict.fromkeys(prepare_sft.COUNTS, 0)
+        prepare_sft.longest_token(enc)
         tracemalloc.start()
-        got = list(sft.conversations([("x", {"messages": conv})], enc, seq_len, counts))
+        got = list(prepare_sft.conversations([("x", {"messages": conv})], enc, seq_len, counts))
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        ids, mask = sft.render(conv, enc)
+        ids, mask = CV.render(conv, enc)
         assert peak < 3000 * (seq_len + 1) and counts["truncated"] == counts["kept"] == 1, (name, peak)
         assert got[0][0].tolist() == ids[:seq_len + 1] and got[0][1].tolist() == mask[:seq_len + 1]
 
@@ -258,10 +260,10 @@ def test_packed_stream(tmp_path):
     enc = get_tokenizer("bytes")
     convs = conversations(40, seed=1)
     out, m = prep(tmp_path, convs, seq_len=200)
-    rendered = [tuple(tuple(t[:201]) for t in sft.render(c, enc)) for c in convs]    # as prepared: cut to 201
+    rendered = [tuple(tuple(t[:201]) for t in CV.render(c, enc)) for c in convs]    # as prepared: cut to 201
     assert m["counts"]["truncated"] > 0
     val, train = rendered[:3], rendered[3:]
-    s = sft.PackedStream(out, "train", 200, 7, "bytes", 300)
+    s = CV.PackedStream(out, "train", 200, 7, "bytes", 300)
     n = s.per_epoch
     assert n < len(train)                                # packing does pack
     x, y, real = s.batch(0, 2 * n + 3)                   # two epochs and a bit
@@ -278,19 +280,19 @@ def test_packed_stream(tmp_path):
     assert int((y[:n] != -1).sum()) == sum(sum(mk) for _, mk in train)
     parts = [s.batch(0, 5), s.batch(5, 1), s.batch(6, 2 * n - 3)]
     assert all((torch.cat([p[i] for p in parts]) == t).all() for i, t in enumerate((x, y, real)))
-    s2 = sft.PackedStream(out, "train", 200, 7, "bytes", 300)
+    s2 = CV.PackedStream(out, "train", 200, 7, "bytes", 300)
     assert all((a == b).all() for a, b in zip(s2.batch(n - 2, 4), s.batch(n - 2, 4)))
-    assert not (sft.PackedStream(out, "train", 200, 8, "bytes", 300).batch(0, n)[0] == x[:n]).all()
-    v = sft.PackedStream(out, "val", 200, 7, "bytes", 300)
+    assert not (CV.PackedStream(out, "train", 200, 8, "bytes", 300).batch(0, n)[0] == x[:n]).all()
+    v = CV.PackedStream(out, "val", 200, 7, "bytes", 300)
     assert sum((segments(*[a.tolist() for a in v.window(k)[:2]], 256) for k in range(v.per_epoch)), []) == \
         [(t, tuple(int(b) for b in mk)) for t, mk in val]
     with pytest.raises(SystemExit, match="error: .*more than seq_len"):
-        sft.PackedStream(out, "train", 20, 7, "bytes", 300)
+        CV.PackedStream(out, "train", 20, 7, "bytes", 300)
     with pytest.raises(SystemExit, match="vocab_size"):
-        sft.PackedStream(out, "train", 200, 7, "bytes", 100)
+        CV.PackedStream(out, "train", 200, 7, "bytes", 100)
 
 
 def test_best_fit():
     # the 2 goes where it fills the window exactly (first-fit would put it with the 3), the 1 fills the 5's window
-    assert sft.best_fit([5, 3, 4, 2, 1, 5], range(6), 6) == [[0, 4], [1], [2, 3], [5]]
-    assert sft.best_fit([2, 2, 2], [2, 0, 1], 6) == [[2, 0, 1]]
+    assert CV.best_fit([5, 3, 4, 2, 1, 5], range(6), 6) == [[0, 4], [1], [2, 3], [5]]
+    assert CV.best_fit([2, 2, 2], [2, 0, 1], 6) == [[2, 0, 1]]

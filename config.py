@@ -1,0 +1,176 @@
+"""
+Every training setting with its default (`Config`), read from config files and `--key=value`, and checked before
+anything is built or written. A config file is Python (trusted input) assigning some of the keys; `include("x.py")`
+reads another file of the same folder first. An unknown key, a wrong type or a value out of range is one `error:` line.
+
+    cfg = load_config(["configs/tiny.py", "--max_steps=50"])      # defaults <- files <- command line
+"""
+import dataclasses
+import math
+import os
+import traceback
+from dataclasses import dataclass
+
+import torch
+
+from jreg import WEIGHTINGS
+from model import LlamaConfig, PRESETS
+
+
+@dataclass
+class Config:
+    # run
+    out_dir: str = "out/run"
+    seed: int = 1337
+    device: str = "auto"            # auto | cpu | cuda | cuda:N | mps
+    dtype: str = "auto"             # auto (bf16 autocast on CUDA, fp32 elsewhere) | bfloat16 | float32
+    compile: bool = True            # torch.compile the training forward (eval stays eager)
+    fsdp: bool = False              # FSDP2 (fully_shard) instead of DDP: shards parameters and optimizer state
+    # data: token shards of prepare_fineweb.py (pre-training) or conversations of prepare_sft.py (fine-tuning, packed)
+    data_dir: str = "data/fineweb_edu"
+    tokenizer: str = "gpt2"         # must match the shards' header
+    # fine-tuning: the weights to start from (not resumed: a new run); the model shape is theirs
+    init_from: str = ""             # "" (random init) | RUN_DIR (newest ckpt) | RUN_DIR@STEP | RUN_DIR@latest | hf:NAME
+    epochs: float = 0.0             # > 0: max_steps = epochs × windows per epoch / sequences per step
+    warmup_ratio: float = 0.0       # > 0: warmup_steps = warmup_ratio × max_steps
+    # model: a preset from model.PRESETS; any field set below (not None) overrides it
+    model: str = "170m"
+    vocab_size: int = None
+    n_layer: int = None
+    n_head: int = None
+    n_kv_head: int = None
+    d_model: int = None
+    ffn_hidden: int = None
+    rope_theta: float = None
+    tie_embeddings: bool = None
+    # batch: batch_tokens per optimizer step = micro_batch · seq_len · world_size · grad_accum
+    batch_tokens: int = 524288
+    micro_batch: int = 16
+    seq_len: int = 2048
+    # optimiser and schedule
+    max_steps: int = 200000
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.1       # cosine decays to lr · min_lr_ratio
+    warmup_steps: int = 2000
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0          # 0: no clipping
+    # JREG
+    jreg_lambda: float = 0.0        # 0 = the baseline, exactly
+    jreg_alpha: float = 1.0
+    jreg_weighting: str = "index"   # index: softmax(α·l) | depth: softmax(α·l/L) | uniform | last
+    jreg_final_norm: bool = False   # h_L = raw residual stream (False) or after the final RMSNorm (True, HF's view)
+    jreg_skip_first: bool = False   # leave position 0 out of Ψ
+    # logging, evaluation, checkpoints
+    log_interval: int = 1
+    eval_interval: int = 1000       # 0: no periodic evaluation
+    eval_batches: int = 20          # fixed validation batches (of micro_batch sequences) per eval
+    ckpt_interval: int = 1000
+    keep_ckpts: int = 3
+    wandb_project: str = ""
+    wandb_run_name: str = ""
+
+
+# settings that may differ when a run is resumed (recorded in config.json's history); all others must match
+RESUMABLE = {"max_steps", "device", "dtype", "compile", "fsdp", "micro_batch", "log_interval", "eval_interval",
+             "eval_batches", "ckpt_interval", "keep_ckpts", "wandb_project", "wandb_run_name"}
+
+
+def fail(message):
+    raise SystemExit(f"error: {message}")
+
+
+def read_config_file(path):
+    """The settings a config file assigns. `include("other.py")` inside it first reads another file of the same
+    folder, so a JREG config can be its baseline plus the lines that differ."""
+    if not os.path.isfile(path):
+        fail(f"config file {path!r} does not exist")
+    ns = {"include": lambda name: ns.update(read_config_file(os.path.join(os.path.dirname(path), name)))}
+    try:
+        exec(compile(open(path).read(), path, "exec"), ns)
+    except SystemExit:
+        raise
+    except Exception as e:                                       # name the file and line of the mistake
+        line = e.lineno if isinstance(e, SyntaxError) else next(
+            (f.lineno for f in reversed(traceback.extract_tb(e.__traceback__)) if f.filename == path), "?")
+        fail(f"{path}, line {line}: {type(e).__name__}: {e}")
+    return {k: v for k, v in ns.items() if not (k.startswith("_") or k == "include" or callable(v)
+                                                or type(v).__name__ == "module")}
+
+
+def load_config(argv):
+    """Config from `[config.py ...] [--key=value ...]`: defaults <- config files <- command line; then checked."""
+    types = {f.name: f.type for f in dataclasses.fields(Config)}
+    values = {}
+    for arg in argv:
+        if not arg.startswith("--"):
+            for key, value in read_config_file(arg).items():
+                values[key] = (value, f"in {arg}")
+            continue
+        key, sep, text = arg[2:].partition("=")
+        if not sep:
+            fail(f"config key {key!r}: use --{key}=VALUE")
+        ftype = types.get(key, str)
+        try:
+            value = {"true": True, "false": False}.get(text.lower(), text) if ftype is bool else \
+                int(float(text)) if ftype is int and float(text).is_integer() else ftype(text)
+        except ValueError:
+            value = text                                         # reported as a wrong type below
+        values[key] = (value, "(from the command line)")
+    for key, (value, where) in values.items():
+        ftype = types.get(key)
+        if ftype is None:
+            fail(f"unknown config key {key!r} {where}")
+        if ftype is float and type(value) is int:
+            value = float(value)
+        if value is not None and type(value) is not ftype:
+            fail(f"config key {key!r}: expected {ftype.__name__}, got {type(value).__name__} {value!r} {where}")
+        values[key] = value
+    cfg = Config(**values)
+    check_config(cfg)
+    return cfg
+
+
+def check_config(cfg):
+    """Every setting in range, before anything is built or written."""
+    def need(ok, key, what):
+        if not ok:
+            fail(f"config key {key!r} = {getattr(cfg, key)!r}: {what}")
+    for key in ("batch_tokens", "micro_batch", "seq_len", "log_interval", "eval_batches", "ckpt_interval",
+                "keep_ckpts", "max_steps"):
+        need(getattr(cfg, key) >= 1, key, "must be at least 1")
+    for key in ("warmup_steps", "eval_interval"):
+        need(getattr(cfg, key) >= 0, key, "must be 0 or more")
+    for key in ("lr", "weight_decay", "grad_clip", "jreg_lambda", "jreg_alpha", "epochs", "warmup_ratio"):
+        need(math.isfinite(getattr(cfg, key)) and getattr(cfg, key) >= 0, key, "must be a finite number >= 0")
+    for key in ("min_lr_ratio", "beta1", "beta2"):
+        need(0 <= getattr(cfg, key) <= 1, key, "must be in [0, 1]")
+    need(cfg.seq_len >= 2 or not cfg.jreg_skip_first, "jreg_skip_first", "leaves Ψ no token of a 1-token window: "
+         "use seq_len >= 2 or jreg_skip_first=False")
+    need(cfg.model in PRESETS, "model", f"choose one of {sorted(PRESETS)}")
+    need(cfg.jreg_weighting in WEIGHTINGS, "jreg_weighting", f"choose one of {WEIGHTINGS}")
+    need(cfg.dtype in ("auto", "bfloat16", "float32"), "dtype", "choose auto, bfloat16 or float32")
+    if cfg.device != "auto":
+        try:
+            device = torch.device(cfg.device)
+        except RuntimeError:
+            fail(f"config key 'device' = {cfg.device!r}: not a device (cpu, cuda, cuda:N, mps)")
+        need(device.type != "cuda" or torch.cuda.is_available(), "device", "CUDA is not available here")
+        need(device.type in ("cpu", "cuda", "mps"), "device", "choose cpu, cuda, cuda:N or mps")
+    if not cfg.init_from:
+        model_config(cfg)
+
+
+def model_config(cfg):
+    overrides = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(LlamaConfig)
+                 if getattr(cfg, f.name, None) is not None}
+    overrides["max_seq_len"] = max(cfg.seq_len, PRESETS[cfg.model].max_seq_len)
+    for key in ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "ffn_hidden"):
+        if overrides.get(key, 1) < 1:
+            fail(f"config key {key!r} = {overrides[key]}: must be at least 1")
+    try:
+        return dataclasses.replace(PRESETS[cfg.model], **overrides)
+    except AssertionError as e:                                   # LlamaConfig's shape checks
+        fail(f"model shape: {e} (n_head, n_kv_head, d_model = {overrides.get('n_head')}, "
+             f"{overrides.get('n_kv_head')}, {overrides.get('d_model')})")

