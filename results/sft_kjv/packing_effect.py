@@ -6,12 +6,12 @@
 import json, os, platform, sys
 import numpy as np, torch, torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-import evaluate, sft  # noqa: E402
+import conversations, runs  # noqa: E402
 torch.set_num_threads(1)
 run_dir, seq_len, out, *rest = sys.argv[1:]
 cut = rest.index("--") if "--" in rest else len(rest)
 data_dirs, commands, seq_len = rest[:cut], rest[cut + 1:], int(seq_len)
-model, enc, meta = evaluate.load_run(run_dir)
+model, enc, meta = runs.load_run(run_dir)
 
 
 def losses(x, y):  # the cross-entropy of every target, 0 where y = -1
@@ -24,7 +24,7 @@ def mean(d, convs):
 
 
 def measure(data_dir):
-    s = sft.PackedStream(data_dir, "val", seq_len, 0, enc.name, model.config.vocab_size)
+    s = conversations.PackedStream(data_dir, "val", seq_len, 0, enc.name, model.config.vocab_size)
     packed, alone, first = {}, {}, set()  # conversation -> (sum of losses, targets)
     for k in range(0, s.per_epoch, 16):
         x, y, _ = s.batch(k, min(16, s.per_epoch - k))
@@ -49,8 +49,8 @@ def measure(data_dir):
             alone[c] = (float(loss.sum()), int((y[row] >= 0).sum()))
     later = [c for c in order if c not in first]
     assert all(packed[c][1] == alone[c][1] for c in order)
-    train = sft.PackedStream(data_dir, "train", seq_len, meta["config"]["seed"], enc.name, model.config.vocab_size)
-    return {"data": data_dir, "prepared_seq_len": sft.read_manifest(data_dir)["config"]["seq_len"],
+    train = conversations.PackedStream(data_dir, "train", seq_len, meta["config"]["seed"], enc.name, model.config.vocab_size)
+    return {"data": data_dir, "prepared_seq_len": conversations.read_manifest(data_dir)["config"]["seq_len"],
             "train_conversations": len(train.lengths), "train_windows": train.per_epoch,
             "val_conversations": len(order), "windows": s.per_epoch, "target_tokens": sum(packed[c][1] for c in order),
             "loss_packed": round(mean(packed, order), 4), "loss_alone": round(mean(alone, order), 4),
