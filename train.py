@@ -70,24 +70,12 @@ def lr_at(step, cfg):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Checkpoints (one format, also read by evaluate.py): ckpt_NNNNNNN.pt, written to a temporary file and renamed
+# Setup: processes and devices, the model and optimizer, the run's records
 
-
-# ----------------------------------------------------------------------------------------------------------
-# The run folder: one process at a time, its settings fixed at the start, its records rewritten atomically
-
-
-# ----------------------------------------------------------------------------------------------------------
-
-def main(argv):
-    if {"-h", "--help"} & set(argv):
-        return print(usage())
-    cfg = load_config(argv)
-
-    # ---- processes and devices
+def processes(cfg):
+    """(ddp, rank, world, grad_accum, device, bf16): one process per device; grad_accum micro-steps per step."""
     ddp = "RANK" in os.environ
     rank, local_rank, world = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))
-    master = rank == 0
     if cfg.fsdp and not ddp:
         fail("fsdp=True needs torch.distributed: launch with torchrun (--nproc_per_node=1 for one GPU)")
     seqs_per_step, rest = divmod(cfg.batch_tokens, cfg.seq_len)
@@ -104,6 +92,100 @@ def main(argv):
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
+    return ddp, rank, world, grad_accum, device, bf16
+
+
+def build(cfg, mcfg, device, bf16, init_sd):
+    """The model (built in place on the device, FSDP-sharded per block when asked) and AdamW."""
+    with torch.device(device):                          # no full CPU copy per rank
+        model = Llama(mcfg)
+    if init_sd is not None:
+        model.load_state_dict(init_sd)
+    if cfg.fsdp:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+        for block in model.layers:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type in ("cuda", "cpu"))
+    return model, optimizer
+
+
+def write_records(cfg, mcfg, data_id, step, changed, device):
+    """config.json (settings and the history of starts and resumes), run_info.json, log.jsonl cut back to step."""
+    info = run_info(device)
+    saved = os.path.join(cfg.out_dir, "config.json")
+    old = json.load(open(saved)) if step and os.path.exists(saved) else {}
+    history = old.get("history", []) + [{"step": step, "changed": changed, "argv": info["argv"], "time": info["time"]}]
+    write_atomic(saved, json.dumps({"config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg),
+                                    "data_identity": data_id, "history": history}, indent=2))
+    write_atomic(os.path.join(cfg.out_dir, "run_info.json"), json.dumps(info, indent=2))
+    log_path = os.path.join(cfg.out_dir, "log.jsonl")
+    kept = read_log(log_path, step) if step else []     # records past the checkpoint are redone
+    write_atomic(log_path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def evaluate(model, val_data, cfg, device, autocast, ddp):
+    """Validation loss and Ψ / ζ (in the penalty's convention) on the fixed val windows, summed over processes."""
+    model.eval()
+    profile = Profile()
+    with torch.no_grad(), autocast:
+        for x, y, real in val_data:
+            x, y, real = x.to(device), y.to(device), real if real is None else real.to(device)
+            out = model(x, y)
+            n = (y != -1).sum()
+            profile.add(out.hidden_states, out.final_hidden, mask=real, loss_sum=out.loss.float() * n, n_loss=n)
+    model.train()
+    p = profile.result(dist.all_reduce if ddp else None)
+    key = "psi" + ("_normed" if cfg.jreg_final_norm else "") + ("_skip_first" if cfg.jreg_skip_first else "")
+    return {"val_loss": p["loss"], "psi": p[key], "zeta": p[key.replace("psi", "zeta")]}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# One optimizer step
+
+def accumulate(train_step, model, batches, cfg, device, autocast, ddp, world):
+    """Forward and backward of the micro-batches: CE and Ψ are means over the whole global batch (its targets, its
+    real tokens), whatever the micro-batching. Returns [ce, penalty, loss, Ψ_1..Ψ_L], averaged over processes."""
+    counts = torch.stack([torch.stack([(y != -1).sum(), (torch.ones_like(x, dtype=torch.bool) if real is None
+                          else real)[:, int(cfg.jreg_skip_first):].sum()]) for x, y, real in batches]).to(device)
+    totals = counts.sum(0)
+    if ddp:
+        dist.all_reduce(totals)
+    shares = counts * world / totals.clamp(min=1)                 # × world: DDP averages gradients over ranks
+    sums = torch.zeros(3 + model.config.n_layer, device=device)
+    for micro, (x, y, real) in enumerate(batches):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        real = real if real is None else real.to(device, non_blocking=True)
+        last = micro == len(batches) - 1
+        if ddp and not cfg.fsdp:
+            train_step.require_backward_grad_sync = last          # gradients are all-reduced on the last micro-step only
+        elif cfg.fsdp:
+            model.set_requires_gradient_sync(last)
+        with autocast:
+            ce, penalty, psi = train_step(x, y, real)
+        ce_share, psi_share = shares[micro]
+        loss = ce * ce_share + cfg.jreg_lambda * penalty * psi_share
+        loss.backward()
+        sums += torch.cat([torch.stack([ce.detach() * ce_share, penalty.detach() * psi_share, loss.detach()]),
+                           psi * psi_share])
+    if ddp:
+        dist.all_reduce(sums, op=dist.ReduceOp.AVG)
+    return sums
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+def main(argv):
+    if {"-h", "--help"} & set(argv):
+        return print(usage())
+    cfg = load_config(argv)
+    ddp, rank, world, grad_accum, device, bf16 = processes(cfg)
+    master, seqs_per_step = rank == 0, cfg.batch_tokens // cfg.seq_len
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
 
     # ---- weights to start from (fine-tuning) and data, checked before anything is written
@@ -122,83 +204,32 @@ def main(argv):
     if cfg.warmup_ratio:
         cfg.warmup_steps = round(cfg.warmup_ratio * cfg.max_steps)
 
-    # ---- the run folder: locked, then resumed from its newest checkpoint if it has one
-    lock = lock_run(cfg.out_dir) if master else None   # held until this process ends
+    # ---- the run folder: locked (until this process ends), then resumed from its newest checkpoint if it has one
+    lock = lock_run(cfg.out_dir) if master else None  # noqa: F841 (held, not used)
     if ddp:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     ckpts = list_checkpoints(cfg.out_dir)
     ckpt = load_checkpoint(ckpts[-1][1]) if ckpts else None
     changed = check_resume(cfg, mcfg, ckpt, ckpts[-1][1], data_id) if ckpt else {}
-
-    with torch.device(device):                          # built in place: no full CPU copy per rank
-        model = Llama(mcfg)
-    if init_sd is not None and not ckpt:
-        model.load_state_dict(init_sd)
+    model, optimizer = build(cfg, mcfg, device, bf16, None if ckpt else init_sd)
     del init_sd
-    if cfg.fsdp:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
-        for block in model.layers:
-            fully_shard(block, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type in ("cuda", "cpu"))
     step, seq_index = 0, 0
     if ckpt:
         restore(ckpt, model, optimizer, cfg.fsdp)
         step, seq_index = ckpt["step"], ckpt["data_state"]["seq_index"]
         del ckpt
-
     log_path = os.path.join(cfg.out_dir, "log.jsonl")
     if master:
-        info = run_info(device)
-        saved = os.path.join(cfg.out_dir, "config.json")
-        old = json.load(open(saved)) if step and os.path.exists(saved) else {}
-        history = old.get("history", []) + [{"step": step, "changed": changed, "argv": info["argv"], "time": info["time"]}]
-        write_atomic(os.path.join(cfg.out_dir, "config.json"), json.dumps(
-            {"config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg), "data_identity": data_id,
-             "history": history}, indent=2))
-        write_atomic(os.path.join(cfg.out_dir, "run_info.json"), json.dumps(info, indent=2))
-        kept = read_log(log_path, step) if step else []   # records past the checkpoint are redone
-        write_atomic(log_path, "".join(json.dumps(r) + "\n" for r in kept))
-        print(("resuming from " + ckpts[-1][1] + f" at step {step}" + (f", changed: {changed}" if changed else "") + "\n"
-               if step else "") + f"model {cfg.init_from or cfg.model}: {model.num_params() / 1e6:.1f}M parameters, {mcfg.n_layer} layers"
-              f" | world {world} | grad_accum {grad_accum} | device {device} {'bf16' if bf16 else 'fp32'} | "
-              f"jreg λ={cfg.jreg_lambda} α={cfg.jreg_alpha} {cfg.jreg_weighting}")
+        write_records(cfg, mcfg, data_id, step, changed, device)
+        print((f"resuming from {ckpts[-1][1]} at step {step}" + (f", changed: {changed}" if changed else "") + "\n"
+               if step else "") + f"model {cfg.init_from or cfg.model}: {model.num_params() / 1e6:.1f}M parameters, "
+              f"{mcfg.n_layer} layers | world {world} | grad_accum {grad_accum} | device {device} "
+              f"{'bf16' if bf16 else 'fp32'} | jreg λ={cfg.jreg_lambda} α={cfg.jreg_alpha} {cfg.jreg_weighting}")
     wandb = None
     if cfg.wandb_project and master:
         import wandb
         wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None, config=dataclasses.asdict(cfg),
                    resume="allow")
-
-    objective = JregObjective(model, cfg).to(device)
-    train_step = torch.compile(objective) if cfg.compile else objective
-    if ddp and not cfg.fsdp:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        train_step = DDP(train_step, device_ids=[local_rank] if device.type == "cuda" else None)
-    flops_per_step = model.flops_per_token(cfg.seq_len) * cfg.batch_tokens
-    peak = peak_flops(device)
-
-    stop = {"signal": None}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stop.update(signal=signum))
-
-    def evaluate():
-        model.eval()
-        profile = Profile()
-        with torch.no_grad(), autocast:
-            for x, y, real in val_data:
-                x, y, real = x.to(device), y.to(device), real if real is None else real.to(device)
-                out = model(x, y)
-                n = (y != -1).sum()
-                profile.add(out.hidden_states, out.final_hidden, mask=real, loss_sum=out.loss.float() * n, n_loss=n)
-        model.train()
-        p = profile.result(dist.all_reduce if ddp else None)
-        key = "psi" + ("_normed" if cfg.jreg_final_norm else "") + ("_skip_first" if cfg.jreg_skip_first else "")
-        return {"val_loss": p["loss"], "psi": p[key], "zeta": p[key.replace("psi", "zeta")]}
 
     def log(record):
         if master:
@@ -207,45 +238,29 @@ def main(argv):
             if wandb:
                 wandb.log(record, step=record["step"])
 
+    objective = JregObjective(model, cfg).to(device)
+    train_step = torch.compile(objective) if cfg.compile else objective
+    if ddp and not cfg.fsdp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        train_step = DDP(train_step, device_ids=[device.index] if device.type == "cuda" else None)
+    flops_per_step, peak = model.flops_per_token(cfg.seq_len) * cfg.batch_tokens, peak_flops(device)
+    stop = {"signal": None}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop.update(signal=signum))
+
     # ---- the loop
     if step == 0 and cfg.eval_interval > 0:
-        log({"step": 0, "tokens": 0, **evaluate()})
+        log({"step": 0, "tokens": 0, **evaluate(model, val_data, cfg, device, autocast, ddp)})
     while step < cfg.max_steps:
-        t0 = time.time()
-        lr = lr_at(step, cfg)
+        t0, lr = time.time(), lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
         batches = [train_data.batch(seq_index + (micro * world + rank) * cfg.micro_batch, cfg.micro_batch)
                    for micro in range(grad_accum)]
-        # CE and Ψ are means over the whole global batch (its targets, its real tokens), whatever the micro-batching
-        counts = torch.stack([torch.stack([(y != -1).sum(), (torch.ones_like(x, dtype=torch.bool) if real is None
-                              else real)[:, int(cfg.jreg_skip_first):].sum()]) for x, y, real in batches]).to(device)
-        totals = counts.sum(0)
-        if ddp:
-            dist.all_reduce(totals)
-        shares = counts * world / totals.clamp(min=1)                 # × world: DDP averages gradients over ranks
-        sums = torch.zeros(3 + mcfg.n_layer, device=device)     # ce, penalty, loss, Ψ (means over the global batch)
-        for micro, (x, y, real) in enumerate(batches):
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            real = real if real is None else real.to(device, non_blocking=True)
-            last = micro == grad_accum - 1
-            if ddp and not cfg.fsdp:
-                train_step.require_backward_grad_sync = last          # gradients are all-reduced on the last micro-step only
-            elif cfg.fsdp:
-                model.set_requires_gradient_sync(last)
-            with autocast:
-                ce, penalty, psi = train_step(x, y, real)
-            ce_share, psi_share = shares[micro]
-            loss = ce * ce_share + cfg.jreg_lambda * penalty * psi_share
-            loss.backward()
-            sums += torch.cat([torch.stack([ce.detach() * ce_share, penalty.detach() * psi_share, loss.detach()]),
-                               psi * psi_share])
+        sums = accumulate(train_step, model, batches, cfg, device, autocast, ddp, world)
         seq_index += seqs_per_step
-        if ddp:
-            dist.all_reduce(sums, op=dist.ReduceOp.AVG)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         if not (torch.isfinite(sums[2]) and torch.isfinite(grad_norm)):   # never step on non-finite numbers
             last = list_checkpoints(cfg.out_dir)
             fail(f"non-finite loss {sums[2].item()} or gradient norm {grad_norm.item()} at step {step + 1}; "
@@ -255,14 +270,12 @@ def main(argv):
         optimizer.zero_grad(set_to_none=True)
         step += 1
 
-        ce, penalty, loss = sums[:3].tolist()
-        dt = time.time() - t0
+        (ce, penalty, loss), dt = sums[:3].tolist(), time.time() - t0
         if step % cfg.log_interval == 0 or step == cfg.max_steps:
             zeta = jump_rate(sums[3:])
             rec = {"step": step, "tokens": step * cfg.batch_tokens, "loss": loss, "ce": ce, "jreg": penalty,
                    "zeta_L": zeta[-1].item() if len(zeta) else None, "lr": lr, "grad_norm": grad_norm.item(),
-                   "tok_per_s": cfg.batch_tokens / dt,
-                   "mfu": flops_per_step / dt / (peak * world) if peak else None,
+                   "tok_per_s": cfg.batch_tokens / dt, "mfu": flops_per_step / dt / (peak * world) if peak else None,
                    "mem_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
             log(rec)
             if master:
@@ -270,7 +283,7 @@ def main(argv):
                       f"lr {lr:.2e} | grad {rec['grad_norm']:.3f} | {rec['tok_per_s']:.0f} tok/s"
                       + (f" | mfu {100 * rec['mfu']:.1f}%" if rec["mfu"] else ""), flush=True)
         if cfg.eval_interval > 0 and (step % cfg.eval_interval == 0 or step == cfg.max_steps):
-            ev = evaluate()
+            ev = evaluate(model, val_data, cfg, device, autocast, ddp)
             log({"step": step, "tokens": step * cfg.batch_tokens, **ev})
             if master:
                 print(f"eval {step:6d} | val_loss {ev['val_loss']:.4f} | ζ_L {(ev['zeta'] or [0])[-1]:.2f} | "
