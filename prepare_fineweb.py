@@ -81,25 +81,10 @@ def check_options(**options):
             raise SystemExit(f"error: --{opt} must be an integer >= {low}, got {value!r}")
 
 
-def prepare(out_dir, *, inputs=None, name=None, text_field="text", tokenizer="gpt2",
-            shard_tokens=100_000_000, val_tokens=None, max_tokens=None, workers=None, prefix="fineweb",
-            overwrite=False, quiet=True):
-    """Tokenise the source into ``out_dir``, resuming an interrupted preparation there; return the manifest.
-    val_tokens None: the first tenth of the tokens, at most VAL_MAX, decided once VAL_SHARE x VAL_MAX tokens (or
-    the whole input, when shorter) are read."""
-    check_options(shard_tokens=shard_tokens, val_tokens=val_tokens, max_tokens=max_tokens, workers=workers)
-    if None not in (val_tokens, max_tokens) and val_tokens >= max_tokens:
-        raise SystemExit(f"error: --val_tokens {val_tokens} leaves no training tokens within --max_tokens {max_tokens}")
-    if not re.fullmatch(r"[A-Za-z0-9.\-]{1,40}", prefix):
-        raise SystemExit(f"error: --prefix {prefix!r}: use 1 to 40 letters, digits, '.' and '-'")
-    if inputs and name:
-        raise SystemExit("error: use either --name (hub streaming) or --input (local files), not both")
-    enc = get_tokenizer(tokenizer)
-    sources, described = open_sources(inputs, name or "sample-10BT", exclude=out_dir)
-    dtype = DTYPES[2 if enc.n_vocab <= 1 << 16 else 4]
-    config = {"format_version": VERSION, "source": described, "text_field": text_field, "tokenizer": enc.name,
-              "vocab_size": enc.n_vocab, "eot_token": enc.eot_token, "dtype": dtype.name, "prefix": prefix,
-              "shard_tokens": shard_tokens, "val_tokens": val_tokens, "max_tokens": max_tokens}
+def open_folder(out_dir, config, enc, overwrite):
+    """The folder's manifest to resume (complete: nothing to do), or a new one; what a kill left is removed, and
+    anything else that does not belong to this preparation is refused in one line."""
+    prefix, val_tokens = config["prefix"], config["val_tokens"]
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
@@ -126,7 +111,31 @@ def prepare(out_dir, *, inputs=None, name=None, text_field="text", tokenizer="gp
     for s in m["shards"]:  # the shards recorded so far are intact
         if read_shard(os.path.join(out_dir, s["file"]), enc.name)[1]["num_tokens"] != s["num_tokens"]:
             raise SystemExit(f"error: {out_dir}/{s['file']} does not match {MANIFEST}; use --overwrite")
+    return m
 
+
+def prepare(out_dir, *, inputs=None, name=None, text_field="text", tokenizer="gpt2",
+            shard_tokens=100_000_000, val_tokens=None, max_tokens=None, workers=None, prefix="fineweb",
+            overwrite=False, quiet=True):
+    """Tokenise the source into ``out_dir``, resuming an interrupted preparation there; return the manifest.
+    val_tokens None: the first tenth of the tokens, at most VAL_MAX, decided once VAL_SHARE x VAL_MAX tokens (or
+    the whole input, when shorter) are read."""
+    check_options(shard_tokens=shard_tokens, val_tokens=val_tokens, max_tokens=max_tokens, workers=workers)
+    if None not in (val_tokens, max_tokens) and val_tokens >= max_tokens:
+        raise SystemExit(f"error: --val_tokens {val_tokens} leaves no training tokens within --max_tokens {max_tokens}")
+    if not re.fullmatch(r"[A-Za-z0-9.\-]{1,40}", prefix):
+        raise SystemExit(f"error: --prefix {prefix!r}: use 1 to 40 letters, digits, '.' and '-'")
+    if inputs and name:
+        raise SystemExit("error: use either --name (hub streaming) or --input (local files), not both")
+    enc = get_tokenizer(tokenizer)
+    sources, described = open_sources(inputs, name or "sample-10BT", exclude=out_dir)
+    dtype = DTYPES[2 if enc.n_vocab <= 1 << 16 else 4]
+    config = {"format_version": VERSION, "source": described, "text_field": text_field, "tokenizer": enc.name,
+              "vocab_size": enc.n_vocab, "eot_token": enc.eot_token, "dtype": dtype.name, "prefix": prefix,
+              "shard_tokens": shard_tokens, "val_tokens": val_tokens, "max_tokens": max_tokens}
+    m = open_folder(out_dir, config, enc, overwrite)
+    if m["complete"]:
+        return m
     start, t0, limit = m["resume"], time.perf_counter(), max_tokens or float("inf")
     written, index, fill, skip = start["tokens"], start["next"], 0, start["skip"]
     first = VAL_MAX * VAL_SHARE if val_tokens is None else val_tokens  # tokens read before the val shard is written
