@@ -71,7 +71,7 @@ def bench_generation(model, args):
     print(f"speed-up of the cache: {t['uncached'] / t['cached']:.2f}x; same tokens: {same}")
 
 
-def main(argv=None):
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="small", choices=sorted(PRESETS))
     p.add_argument("--vocab_size", type=int, default=None, help="override the preset's vocabulary")
@@ -91,16 +91,12 @@ def main(argv=None):
                       ("prompt_len", 1), ("max_new_tokens", 1)):
         if getattr(args, name) is not None and getattr(args, name) < low:
             raise SystemExit(f"error: --{name} must be at least {low}, got {getattr(args, name)}")
-    device = torch.device(check_device(args.device))
-    torch.backends.cuda.matmul.allow_tf32 = True
-    mcfg = PRESETS[args.preset]
-    mcfg = dataclasses.replace(mcfg, max_seq_len=max(mcfg.max_seq_len, args.seq_len),
-                               **({"vocab_size": args.vocab_size} if args.vocab_size else {}))
-    if args.generate:
-        torch.manual_seed(0)
-        return bench_generation(Llama(mcfg).to(device).eval(), args)
+    return args
+
+
+def bench_training(mcfg, device, args):
+    """Forward + backward ours vs Hugging Face, and full training steps λ = 0 vs λ = 1 (vs HF), interleaved."""
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
-    torch.manual_seed(0)
     x = torch.randint(0, mcfg.vocab_size, (args.micro_batch, args.seq_len), device=device)
     y = torch.randint(0, mcfg.vocab_size, (args.micro_batch, args.seq_len), device=device)
     tokens = x.numel()
@@ -171,6 +167,19 @@ def main(argv=None):
         name = torch.cuda.get_device_name(device)
         print(f"device {name}; peak bf16 {peak / 1e12 if peak else 'unknown'} TFLOP/s "
               f"(table: {', '.join(k for k, _ in PEAK_FLOPS)}); max memory {torch.cuda.max_memory_allocated() / 1e9:.1f} GB")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = torch.device(check_device(args.device))
+    torch.backends.cuda.matmul.allow_tf32 = True
+    mcfg = PRESETS[args.preset]
+    mcfg = dataclasses.replace(mcfg, max_seq_len=max(mcfg.max_seq_len, args.seq_len),
+                               **({"vocab_size": args.vocab_size} if args.vocab_size else {}))
+    torch.manual_seed(0)
+    if args.generate:
+        return bench_generation(Llama(mcfg).to(device).eval(), args)
+    bench_training(mcfg, device, args)
 
 
 if __name__ == "__main__":
