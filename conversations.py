@@ -24,7 +24,9 @@ vocabulary 2), 1 where the token is a training target; a conversation starts at 
 mask 0. ``PackedStream`` packs conversations best-fit into windows of seq_len + 1 tokens, each window starting at a
 conversation start, padded with EOT; targets are -1 except on loss tokens. Packing is plain concatenation [ours]: a
 conversation also attends to those before it in its window and its positions continue theirs; the measured effect is
-in docs/finetuning.md (results/sft_kjv/packing_effect.json).
+in results/sft_kjv/packing_effect.json: +0.0001 nats of assistant-token loss on the
+val conversations of the small KJV fine-tuning run packed vs alone at seq_len 512, where 2 of 200 share a window;
++0.0033 on conversations cut to 129 tokens, three to a window (the first conversation of a window is unaffected).
 """
 import json
 import os

@@ -1,24 +1,7 @@
-"""Supervised fine-tuning data: the chat template, conversation loading, preparation into shards, packing.
+"""Instruction data -> conversation shards with a loss mask, rendered with conversations.py's chat template.
 
-    python prepare_sft.py --out_dir data/sft                                     # Tulu v2 SFT mixture, streamed from the hub
+    python prepare_sft.py --out_dir data/sft                     # Tulu v2 SFT mixture, streamed from the hub
     python prepare_sft.py --input chats.jsonl more.parquet --out_dir data/mine --seq_len 1024 --val_conversations 100
-
-Chat template (the documentation of record; GPT-2 vocabulary, Tulu / open-instruct style). A conversation
-is rendered as plain text; each piece (role header, content, newline) is encoded separately with tiktoken
-``encode_ordinary`` and the pieces are concatenated, so token boundaries are exact and the role headers are
-ordinary text, never special tokens. EOT is the encoding's ``<|endoftext|>`` (``enc.eot_token``):
-
-    piece                                    loss
-    <|endoftext|>                            0     one EOT token: the start of every conversation
-    "<|system|>\\n" + content + "\\n"          0     only if there is a system message (it comes first)
-    "<|user|>\\n" + content + "\\n"            0
-    "<|assistant|>\\n"                        0
-    content                                  1
-    <|endoftext|>                            1     closes each assistant turn
-    "\\n"                                     0     between turns (not after the last message)
-
-Contents are used verbatim. A generation prompt is the conversation so far followed by "<|assistant|>\\n"
-(``prompt_ids``); generation stops at EOT or when the text "<|user|>" appears.
 
 Conversations: a hub set by name (streamed) or local .json/.jsonl(.gz)/.parquet files or a save_to_disk folder,
 read by `datasets`, in any of three schemas detected per record: ``messages`` [{role, content}], ShareGPT
@@ -42,14 +25,8 @@ malformed + no_loss + cut_dropped; no_loss: no answer at all, cut_dropped: the c
 kept conversations that were cut) and ``complete``; it is rewritten after each shard, so rerunning a killed command
 resumes after the last complete shard (skipping the input records it consumed) and gives byte-identical files.
 
-Training reads the folder with ``PackedStream``: conversations packed best-fit into windows of seq_len + 1
-tokens, each window starting at a conversation start, padded with EOT; targets are -1 except on loss tokens.
-Packing is plain concatenation [ours]: attention is causal over the whole window, so a conversation also attends to
-the conversations before it in its window, and its positions continue theirs (no per-conversation mask, no position
-reset; the first conversation of a window is unaffected). Measured on the small KJV fine-tuning run (README,
-"Fine-tuning: prepare_sft.py + train.py"; results/sft_kjv/packing_effect.json): +0.0001 nats of assistant-token loss on
-the val conversations packed vs alone at seq_len 512, where 2 of 200 share a window; +0.0033 on conversations cut
-to 129 tokens, three to a window.
+Training reads the folder with conversations.PackedStream (best-fit packing; its docstring says what packing
+shares between conversations, with the measured effect).
 """
 import argparse
 import itertools
