@@ -201,67 +201,159 @@ def _zeta_l(p, key="zeta"):
     return p[key][-1] if p[key] else float("nan")
 
 
+def _styles(plt, names, series):
+    """{name: (legend label, line style, panel)} and {model or run: colour}: a series' checkpoints (NAME@STEP) share
+    one panel, coloured by step on one scale for all series; other models a colour each, one panel per depth;
+    `NAME (assistant)` dashed in NAME's colour. An absolute path is shown by its last part."""
+    import re
+    steps = {}
+    for run, points in (series or {}).items():
+        for name in names:
+            m = re.fullmatch(re.escape(run) + r"@.*?(\d+)", name)
+            if m and int(m.group(1)) in {pt["step"] for pt in points}:
+                steps[name] = (run, int(m.group(1)))
+    bases = list(dict.fromkeys([n.removesuffix(" (assistant)") for n in names if n not in steps] + list(series or {})))
+    n = len(bases)
+    colour = dict(zip(bases, plt.get_cmap("tab10" if n <= 10 else "tab20")(range(n)) if n <= 20 else
+                      plt.get_cmap("turbo")(np.linspace(0, 1, n))))
+    lo, hi = np.log1p([min(s for _, s in steps.values()), max(s for _, s in steps.values())]) if steps else (0, 1)
+    by_step = plt.get_cmap("viridis")
+    styles = {name: (f"step {step}", {"color": by_step(0.9 * (np.log1p(step) - lo) / ((hi - lo) or 1)), "ls": "-"},
+                     f"{_short(run)}, checkpoints") for name, (run, step) in steps.items()}
+    styles.update({name: (_short(name), {"color": colour[name.removesuffix(" (assistant)")],
+                                         "ls": "--" if name.endswith(" (assistant)") else "-"}, None)
+                   for name in names if name not in steps})
+    return styles, colour
+
+
+def _short(name):
+    return os.path.basename(os.path.normpath(name)) if os.path.isabs(name) else name
+
+
+def _y_scale(ax, values):
+    """Log y (ticks 1, 2, 5 × 10^k, plain numbers) where the values span over a decade, symlog where some are ≤ 0
+    as well, else linear."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, SymmetricalLogLocator
+    v = np.asarray(values, dtype=float)
+    v, pos = v[np.isfinite(v)], v[np.isfinite(v) & (v > 0)]
+    if not len(pos) or pos.max() < 10 * pos.min() and v.min() > 0:
+        return
+    decades = np.log10(np.abs(v[v != 0]).max() / np.abs(v[v != 0]).min())
+    subs = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)
+    if v.min() > 0:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=subs))
+    else:
+        thresh = 10 ** np.floor(np.log10(max(np.abs(v[v != 0]).min(), np.abs(v).max() * 1e-3)))
+        ax.set_yscale("symlog", linthresh=thresh, linscale=0.3)
+        ax.yaxis.set_major_locator(SymmetricalLogLocator(linthresh=thresh, base=10, subs=subs))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _psi_figure(plt, profiles, styles):
+    """Ψ_l on the raw residual stream, Ψ_L on the final-normed h_L as an open circle, one panel per depth or series;
+    Ψ without the first token dotted where it differs visibly (over 1% of the panel's range), else the gap is said."""
+    panels = {}
+    for name, p in profiles.items():
+        panels.setdefault(styles[name][2] or f"models of {p['n_layer']} layers", []).append(name)
+    panels = {f"{styles[names[0]][0]} ({profiles[names[0]]['n_layer']} layers)" if len(names) == 1 and
+              title.startswith("models of") else title: names for title, names in panels.items()}
+    cols, rows = min(len(panels), 3), -(-len(panels) // 3)
+    fig = plt.figure(layout="constrained", figsize=(4.6 * cols + 2.6, 3.6 * rows))
+    axes, dotted, hidden = np.ravel(fig.subplots(rows, cols, squeeze=False)), False, []
+    for ax, (title, names) in zip(axes, panels.items()):
+        span = np.ptp([v for n in names for v in profiles[n]["psi"] + profiles[n]["psi_normed"][-1:]]) or 1
+        for n in names:
+            (label, style, panel), p, layers = styles[n], profiles[n], range(1, profiles[n]["n_layer"] + 1)
+            if p["zeta"] and not panel:                   # a series' ζ: zeta_over_checkpoints.png
+                label += rf" ($\zeta_L$ {_zeta_l(p):.2f}, normed {_zeta_l(p, 'zeta_normed'):.2f})"
+            ax.plot(layers, p["psi"], marker="o", ms=3, label=label, **style)
+            ax.plot(layers[-1:], p["psi_normed"][-1:], marker="o", ms=7, mfc="none", ls="", color=style["color"])
+            gap = np.abs(np.subtract(p["psi"], p["psi_skip_first"])).max() if "psi_skip_first" in p else np.nan
+            if gap > 0.01 * span:
+                dotted = ax.plot(layers, p["psi_skip_first"], ls=":", lw=1, color=style["color"])
+            elif gap >= 0:
+                hidden.append(gap)
+        ax.set(title=title, xlabel=r"layer $\ell$", ylabel=r"$\Psi_\ell = (1 - \cos(h_{\ell-1}, h_\ell))\,/\,2$")
+    for ax in axes[len(panels):]:
+        fig.delaxes(ax)
+    axes[0].plot([], [], marker="o", ms=7, mfc="none", ls="", color="gray", label=r"$\Psi_L$ on the final-normed $h_L$")
+    if dotted:
+        axes[0].plot([], [], ls=":", color="gray", label="without the first token")
+    note = f"\n{'other lines ' if dotted else ''}without the first token: within {max(hidden):.1e}, not drawn" \
+        if hidden else ""
+    return fig, r"$\Psi_\ell$ on the raw residual stream" + note
+
+
+def _curves(ax, profiles, styles, key, first=0, **labels):
+    """Each profile's p[key] against the layer, from layer `first` on, on a readable y scale."""
+    for name, p in profiles.items():
+        ax.plot(range(first, first + len(p[key])), p[key], marker="o", ms=3, label=styles[name][0], **styles[name][1])
+    _y_scale(ax, [v for p in profiles.values() for v in p[key]])
+    ax.set(**labels)
+
+
+LENS = dict(key="logit_lens_loss", title=r"logit lens: loss of head(norm($h_\ell$))",
+            xlabel=r"layer $\ell$ (0 = embedding)", ylabel="cross-entropy")
+
+
 def plot_profiles(profiles, out_dir, series=None, exits=None):
     """psi_profiles.png (Ψ per layer, raw and normed h_L), layer_analysis.png (logit lens, skipped blocks); given
     series {run: profiles of its checkpoints}, zeta_over_checkpoints.png (ζ_L, ζ_(L−2) against the step); given exits
     {model: evaluate_tasks output with early_exit}, early_exit.png (average accuracy per exit layer, beside the logit
-    lens loss of the profiled models)."""
+    lens loss of the profiled models). One legend per figure, on its right."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    figures = {"psi_profiles.png": plt.subplots(1, 2, figsize=(11, 4))} if profiles else {}
-    for ax, key, title in zip(figures["psi_profiles.png"][1] if profiles else [], ("psi", "psi_normed"),
-                              ("raw residual stream h_L", "final-normed h_L (HF convention)")):
-        for name, p in profiles.items():
-            layers = range(1, p["n_layer"] + 1)
-            zeta_l, dashed = _zeta_l(p, key.replace("psi", "zeta")), p.get(key + "_skip_first", [np.nan] * len(layers))
-            line, = ax.plot(layers, p[key], marker="o", ms=3, label=f"{name} (ζ_L={zeta_l:.2f})")
-            ax.plot(layers, dashed, ls="--", lw=1, color=line.get_color())
-        ax.set(title=f"Ψ_l, {title}\n(dashed: without the first token)", xlabel="layer l",
-               ylabel="Ψ_l = (1 − cos(h_{l−1}, h_l)) / 2")
+    from matplotlib.ticker import MaxNLocator
+    styles, colour = _styles(plt, list(profiles) + list(exits or {}), series)
+    figures, legend_titles = {}, {}
+    if profiles:
+        figures["psi_profiles.png"], legend_titles["psi_profiles.png"] = _psi_figure(plt, profiles, styles)
     analysed = {name: p for name, p in profiles.items() if "logit_lens_loss" in p}
-
-    def lens_panel(ax):
-        for name, p in analysed.items():
-            ax.plot(range(p["n_layer"] + 1), p["logit_lens_loss"], marker="o", ms=3, label=name)
-        ax.set(title="logit lens: loss of head(norm(h_l))", xlabel="layer l (0 = embedding)", ylabel="cross-entropy",
-               yscale="log")
-
     if analysed:
-        fig, axes = figures["layer_analysis.png"] = plt.subplots(1, 2, figsize=(11, 4))
-        lens_panel(axes[0])
-        for name, p in analysed.items():
-            axes[1].plot(range(1, p["n_layer"] + 1), p["skip_block_loss_increase"], marker="o", ms=3, label=name)
-        axes[1].set(title="loss increase when block l is skipped", xlabel="block l", ylabel="Δ cross-entropy")
-        axes[1].set_yscale("symlog", linthresh=1e-2)
+        fig = figures["layer_analysis.png"] = plt.figure(layout="constrained", figsize=(12, 4))
+        axes = fig.subplots(1, 2)
+        _curves(axes[0], analysed, styles, **LENS)
+        _curves(axes[1], analysed, styles, "skip_block_loss_increase", 1, xlabel=r"block $\ell$",
+                title=r"loss increase when block $\ell$ is skipped", ylabel="Δ cross-entropy")
     if series:
-        fig, ax = figures["zeta_over_checkpoints.png"] = plt.subplots(figsize=(6, 4))
+        fig = figures["zeta_over_checkpoints.png"] = plt.figure(layout="constrained", figsize=(8, 4))
+        ax = fig.subplots()
         for name, points in series.items():
-            steps = [pt["step"] for pt in points]
-            line, = ax.plot(steps, [_zeta_l(pt) for pt in points], marker="o", label=f"{name} ζ_L")
+            steps, c = [pt["step"] for pt in points], colour[name]
+            ax.plot(steps, [_zeta_l(pt) for pt in points], marker="o", color=c, label=f"{_short(name)} $\\zeta_L$")
             ax.plot(steps, [pt["zeta"][pt["n_layer"] - 4] if pt["n_layer"] >= 4 else np.nan for pt in points],
-                    marker="s", ls="--", color=line.get_color(), label=f"{name} ζ_(L−2)")
-        ax.set(xlabel="training step", ylabel="jump rate ζ (raw h_L)", title="the final-layer jump during pre-training")
+                    marker="s", ls="--", color=c, label=f"{_short(name)} $\\zeta_{{L-2}}$")
+        ax.set(xlabel="checkpoint step", ylabel=r"jump rate $\zeta$ (raw $h_L$)",
+               title="the final-layer jump over the checkpoints")
     if exits:                                             # accuracy per exit layer, beside the logit lens loss
-        panels = 1 + bool(analysed)
-        fig, axes = figures["early_exit.png"] = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
-        axes = axes[0]
+        fig = figures["early_exit.png"] = plt.figure(layout="constrained", figsize=(6 + 5.5 * bool(analysed), 4))
+        axes = np.ravel(fig.subplots(1, 1 + bool(analysed), squeeze=False))
         for name, e in exits.items():
             layers, avgs = [r["layer"] for r in e["early_exit"]], [r["average"] for r in e["early_exit"]]
-            line, = axes[0].plot(layers, [a["acc"] for a in avgs], marker="o", ms=3, label=f"{name} acc")
+            axes[0].plot(layers, [a["acc"] for a in avgs], marker="o", ms=3, label=styles[name][0],
+                         color=styles[name][1]["color"])
             if avgs[0]["acc_norm"] is not None:
-                axes[0].plot(layers, [a["acc_norm"] for a in avgs], ls="--", color=line.get_color(), label=f"{name} acc_norm")
+                axes[0].plot(layers, [a["acc_norm"] for a in avgs], ls="--", color=styles[name][1]["color"])
+        axes[0].plot([], [], color="gray", label="acc")
+        axes[0].plot([], [], color="gray", ls="--", label="acc_norm")
         chance = next(iter(exits.values()))["chance"]
         axes[0].axhline(np.mean(list(chance.values())), color="gray", ls=":", label="chance (average)")
-        axes[0].set(title="early exit: tasks scored on head(norm(h_l))", xlabel="exit layer l (0 = embedding)",
+        axes[0].set(title=r"early exit: tasks scored on head(norm($h_\ell$))",
+                    xlabel=r"exit layer $\ell$ (0 = embedding)",
                     ylabel=f"average accuracy ({len(next(iter(exits.values()))['results'])} tasks)")
         if analysed:
-            lens_panel(axes[1])
-    for file, (fig, axes) in figures.items():
-        for ax in np.ravel(axes):
-            ax.legend(fontsize=7)
+            _curves(axes[1], analysed, styles, **LENS)
+    for file, fig in figures.items():
+        handles = {}
+        for ax in fig.axes:
             ax.grid(alpha=0.3)
-        fig.tight_layout()
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+            handles.update({label: h for h, label in zip(*ax.get_legend_handles_labels()) if label not in handles})
+        fig.legend(handles.values(), handles.keys(), loc="outside right upper", fontsize=7,
+                   title=legend_titles.get(file), title_fontsize=7, alignment="left", handlelength=3)
         fig.savefig(os.path.join(out_dir, file), dpi=120)
         plt.close(fig)
     return [os.path.join(out_dir, file) for file in figures]

