@@ -26,6 +26,8 @@ class Config:
     dtype: str = "auto"             # auto (bf16 autocast on CUDA, fp32 elsewhere) | bfloat16 | float32
     compile: bool = True            # torch.compile the training forward (eval stays eager)
     fsdp: bool = False              # FSDP2 (fully_shard) instead of DDP: shards parameters and optimizer state
+    activation_checkpointing: bool = False   # recompute each block in the backward pass instead of storing it
+    dist_timeout_min: int = 30      # torch.distributed timeout: ranks wait this long for rank 0's checkpoint write
     # data: token shards of prepare_fineweb.py (pre-training) or conversations of prepare_sft.py (fine-tuning, packed)
     data_dir: str = "data/fineweb_edu"   # a folder of prepare_fineweb.py or prepare_sft.py
     tokenizer: str = "gpt2"         # must match the shards' header
@@ -52,10 +54,12 @@ class Config:
     lr: float = 6e-4                # peak learning rate (AdamW)
     min_lr_ratio: float = 0.1       # cosine decays to lr · min_lr_ratio
     warmup_steps: int = 2000        # linear warm-up, then cosine decay
-    weight_decay: float = 0.1       # on ≥ 2-D weights; none on norms
+    weight_decay: float = 0.1       # on ≥ 2-D weights (an untied head too); none on norms
+    decay_embeddings: bool = False  # True: the token embedding (tied: the shared matrix) decays as well
     beta1: float = 0.9              # AdamW β1
     beta2: float = 0.95             # AdamW β2
     grad_clip: float = 1.0          # 0: no clipping
+    max_bad_steps: int = 5          # non-finite steps in a row skipped (nothing applied); one more stops the run
     # JREG
     jreg_lambda: float = 0.0        # 0 = the baseline, exactly
     jreg_alpha: float = 1.0         # α of the layer weights
@@ -73,8 +77,12 @@ class Config:
 
 
 # settings that may differ when a run is resumed (recorded in config.json's history); all others must match
-RESUMABLE = {"max_steps", "device", "dtype", "compile", "fsdp", "micro_batch", "log_interval", "eval_interval",
-             "eval_batches", "ckpt_interval", "keep_ckpts", "wandb_project", "wandb_run_name"}
+RESUMABLE = {"max_steps", "device", "dtype", "compile", "fsdp", "activation_checkpointing", "dist_timeout_min",
+             "micro_batch", "lr", "min_lr_ratio", "warmup_steps", "warmup_ratio", "grad_clip", "max_bad_steps",
+             "log_interval", "eval_interval", "eval_batches", "ckpt_interval", "keep_ckpts", "wandb_project",
+             "wandb_run_name"}
+# the value a checkpoint written before a setting existed was trained with, where that is not today's default
+BEFORE = {"decay_embeddings": True}
 
 
 def usage():
@@ -152,7 +160,8 @@ def check_config(cfg):
     for key in ("batch_tokens", "micro_batch", "seq_len", "log_interval", "eval_batches", "ckpt_interval",
                 "keep_ckpts", "max_steps"):
         need(getattr(cfg, key) >= 1, key, "must be at least 1")
-    for key in ("warmup_steps", "eval_interval"):
+    need(cfg.dist_timeout_min >= 1, "dist_timeout_min", "must be at least 1")
+    for key in ("warmup_steps", "eval_interval", "max_bad_steps"):
         need(getattr(cfg, key) >= 0, key, "must be 0 or more")
     for key in ("lr", "weight_decay", "grad_clip", "jreg_lambda", "jreg_alpha", "epochs", "warmup_ratio"):
         need(math.isfinite(getattr(cfg, key)) and getattr(cfg, key) >= 0, key, "must be a finite number >= 0")

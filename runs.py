@@ -26,7 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from config import RESUMABLE, fail, model_config
+from config import BEFORE, RESUMABLE, fail, model_config
 from data import HFTokenizer, get_tokenizer
 from model import Llama, LlamaConfig
 
@@ -137,9 +137,17 @@ def init_weights_hf(name, tokenizer):
 
 
 def restore(ckpt, model, optimizer, fsdp):
+    """The checkpoint's weights, optimizer state and RNG states, whether it was written with or without FSDP."""
     if fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-        set_state_dict(model, optimizer, model_state_dict=ckpt["model"], optim_state_dict=ckpt["optimizer"],
+        optim_sd = ckpt["optimizer"]
+        if isinstance(optim_sd["param_groups"][0]["params"][0], int):  # written without FSDP: parameters by position
+            names = {id(p): n for n, p in model.named_parameters()}
+            name = dict(zip((i for g in optim_sd["param_groups"] for i in g["params"]),
+                            (names[id(p)] for g in optimizer.param_groups for p in g["params"])))
+            optim_sd = {"state": {name[k]: v for k, v in optim_sd["state"].items()}, "param_groups": [
+                {**g, "params": [name[i] for i in g["params"]]} for g in optim_sd["param_groups"]]}
+        set_state_dict(model, optimizer, model_state_dict=ckpt["model"], optim_state_dict=optim_sd,
                        options=StateDictOptions(full_state_dict=True))
     else:
         model.load_state_dict(ckpt["model"])
@@ -169,7 +177,7 @@ def lock_run(out_dir):
 def check_resume(cfg, mcfg, ckpt, path, data_id):
     """The settings of a resumed run must be the checkpoint's, except the RESUMABLE ones: {key: [old, new]}. The data
     must be the same (its data_identity); it may have moved (checkpoints without an identity compare the path)."""
-    old, new = ckpt["config"], dataclasses.asdict(cfg)
+    old, new = {**BEFORE, **ckpt["config"]}, dataclasses.asdict(cfg)     # settings newer than the run: as before them
     changed = {k: [old.get(k), v] for k, v in new.items() if old.get(k, v) != v}
     free = RESUMABLE | {"out_dir"} | ({"data_dir"} if ckpt.get("data_identity") else set())
     wrong = {k: c for k, c in changed.items() if k not in free}

@@ -1,6 +1,7 @@
 """Tests of train.py on a tiny model and a tiny shard set (byte tokens of this repository's own source code)."""
 import glob
 import dataclasses
+import datetime
 import json
 import math
 import os
@@ -124,10 +125,21 @@ def test_sigterm_saves_a_checkpoint_and_exits(data_dir, tmp_path):
     assert [r["step"] for r in read_log(tmp_path)[0]] == list(range(1, step + 1))
 
 
+def nan_from_call(monkeypatch, first, last=None):
+    """JregObjective.forward returns a NaN CE on its calls first..last (1-based; 2 calls per step in TINY)."""
+    real_forward, calls = jreg.JregObjective.forward, []
+
+    def forward(self, x, y, real=None):
+        calls.append(1)
+        ce, penalty, psi = real_forward(self, x, y, real)
+        return (ce * float("nan") if first <= len(calls) <= (last or len(calls)) else ce), penalty, psi
+    monkeypatch.setattr(jreg.JregObjective, "forward", forward)
+
+
 def test_nonfinite_step_is_never_applied_or_saved(data_dir, tmp_path, monkeypatch):
     """Parameters that became non-finite (here lr = inf at step 4) never reach a checkpoint, and the error names the
-    last good one; a step with a non-finite loss or gradient is not applied. (Before: NaN weights were saved,
-    the message called that checkpoint intact, and a rerun resumed from it.)"""
+    last good one; a step with a non-finite loss or gradient is not applied, and with max_bad_steps = 0 it stops the
+    run. (Before: NaN weights were saved, the message called that checkpoint intact, and a rerun resumed from it.)"""
     real_lr_at = train.lr_at
     monkeypatch.setattr(train, "lr_at", lambda step, cfg: float("inf") if step == 3 else real_lr_at(step, cfg))
     with pytest.raises(SystemExit, match="non-finite parameters after step 4.*ckpt_0000003.pt"):
@@ -136,15 +148,53 @@ def test_nonfinite_step_is_never_applied_or_saved(data_dir, tmp_path, monkeypatc
     for _, path in R.list_checkpoints(tmp_path):
         assert all(torch.isfinite(v).all() for v in torch.load(path, weights_only=False)["model"].values())
     monkeypatch.setattr(train, "lr_at", real_lr_at)
-    real_forward, saved = jreg.JregObjective.forward, open(tmp_path / "ckpt_0000003.pt", "rb").read()
-    monkeypatch.setattr(jreg.JregObjective, "forward", lambda self, x, y, real=None: tuple(
-        t * float("nan") if i == 0 else t for i, t in enumerate(real_forward(self, x, y, real))))   # a loss spike to NaN
-    with pytest.raises(SystemExit, match="non-finite loss nan .* at step 4; nothing of this step"):
-        run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--ckpt_interval=1")
+    saved = open(tmp_path / "ckpt_0000003.pt", "rb").read()
+    nan_from_call(monkeypatch, 1)                                                       # a loss spike to NaN
+    with pytest.raises(SystemExit, match="non-finite loss nan .* at step 4 .*max_bad_steps = 0.*nothing of it"):
+        run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--ckpt_interval=1", "--max_bad_steps=0")
     assert open(tmp_path / "ckpt_0000003.pt", "rb").read() == saved
-    monkeypatch.setattr(jreg.JregObjective, "forward", real_forward)
+    monkeypatch.undo()
     steps, _ = run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--ckpt_interval=1")
     assert [r["step"] for r in steps] == list(range(1, 7)) and all(np.isfinite(r["loss"]) for r in steps)
+
+
+def test_a_nonfinite_step_is_skipped_and_logged_with_its_data_position(data_dir, tmp_path, monkeypatch):
+    """A NaN loss at step 3 (its first micro-batch): the step applies nothing (weights and AdamW state after it are
+    those before it), is logged with the position of its batch in the data, and the run goes on past that batch.
+    (Before: the run ended at the first non-finite step.)"""
+    nan_from_call(monkeypatch, 5, 5)
+    steps, _ = run(data_dir, tmp_path, "--max_steps=5", "--eval_interval=0", "--ckpt_interval=1", "--keep_ckpts=5")
+    records = [json.loads(line) for line in open(tmp_path / "log.jsonl")]
+    bad = [r for r in records if "skipped" in r]
+    assert [r["step"] for r in steps] == [1, 2, 4, 5] and all(np.isfinite(r["loss"]) for r in steps)
+    assert len(bad) == 1 and bad[0]["step"] == 3 and bad[0]["seq_index"] == 2 * 8 and math.isnan(bad[0]["bad_loss"])
+    assert bad[0]["skipped"] == 1 and bad[0]["tokens"] == 3 * 512
+    before, after = (torch.load(tmp_path / f"ckpt_000000{s}.pt", weights_only=False) for s in (2, 3))
+    assert all(torch.equal(before["model"][k], after["model"][k]) for k in before["model"])
+    assert all(torch.equal(a, b) for k, s in before["optimizer"]["state"].items()
+               for a, b in zip(s.values(), after["optimizer"]["state"][k].values()))
+    assert after["data_state"]["seq_index"] == 3 * 8                        # past the bad batch
+    last = torch.load(tmp_path / "ckpt_0000005.pt", weights_only=False)["model"]
+    assert not all(torch.equal(before["model"][k], last[k]) for k in last)  # steps 4 and 5 trained
+
+
+def test_consecutive_bad_steps_stop_the_run_in_one_line(data_dir, tmp_path, monkeypatch):
+    """max_bad_steps = 2: steps 3 and 4 are skipped, the third bad step in a row (5) stops the run with one error
+    line naming the last checkpoint and advice that resume accepts (lr is RESUMABLE)."""
+    nan_from_call(monkeypatch, 5)
+    with pytest.raises(SystemExit) as e:
+        run(data_dir, tmp_path, "--max_steps=8", "--eval_interval=0", "--ckpt_interval=1", "--max_bad_steps=2")
+    text = str(e.value.code)
+    del e                                                   # its traceback holds the run folder's lock
+    assert text.startswith("error:") and "\n" not in text, text
+    assert "at step 5 " in text and "3 in a row (max_bad_steps = 2)" in text and "ckpt_0000004.pt" in text, text
+    assert "--lr=" in text and "seed" not in text, text
+    assert [s for s, _ in R.list_checkpoints(tmp_path)][-1] == 4
+    assert [r["step"] for r in read_log(tmp_path)[0]] == [1, 2]
+    monkeypatch.undo()
+    lr = float(text.split("--lr=")[1].split()[0].rstrip(",;)"))
+    steps, _ = run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--ckpt_interval=1", f"--lr={lr}")
+    assert [r["step"] for r in steps] == [1, 2, 5, 6] and steps[-1]["lr"] <= lr   # the advice can be followed
 
 
 def cli(*args, cwd=HERE):
@@ -190,6 +240,7 @@ def test_config_errors(data_dir, tmp_path):
     ("--beta2=1.5", "beta2"), ("--min_lr_ratio=-0.1", "min_lr_ratio"), ("--weight_decay=-0.1", "weight_decay"),
     ("--dtype=fp8", "'dtype'"), ("--device=gpu0", "'device'"), ("--n_head=3", "model shape"),
     ("--n_kv_head=3", "model shape"), ("--n_layer=0", "'n_layer' = 0"), ("--vocab_size=-5", "vocab_size"),
+    ("--max_bad_steps=-1", "'max_bad_steps' = -1"), ("--dist_timeout_min=0", "'dist_timeout_min' = 0"),
 ])
 def test_every_setting_is_checked_before_anything_is_written(data_dir, tmp_path, setting, message):
     """One `error:` line, exit status 1, no out_dir. (Before: tracebacks, some after a trained step, and
@@ -222,8 +273,8 @@ def test_resume_with_other_settings_is_refused_and_allowed_changes_are_recorded(
     new settings and config.json was rewritten to claim them.)"""
     run(data_dir, tmp_path, "--max_steps=2", "--eval_interval=0")
     saved = open(tmp_path / "config.json").read()
-    for setting in ("--seed=1", "--lr=1e-3", "--batch_tokens=1024", "--jreg_lambda=1.0", "--warmup_steps=2",
-                    "--jreg_final_norm=True"):
+    for setting in ("--seed=1", "--weight_decay=0.01", "--batch_tokens=1024", "--jreg_lambda=1.0", "--beta2=0.99",
+                    "--jreg_final_norm=True", "--decay_embeddings=True"):
         with pytest.raises(SystemExit, match="other settings.*" + setting[2:].split("=")[0]):
             run(data_dir, tmp_path, "--max_steps=4", setting)
         assert open(tmp_path / "config.json").read() == saved
@@ -232,6 +283,30 @@ def test_resume_with_other_settings_is_refused_and_allowed_changes_are_recorded(
     history = json.load(open(tmp_path / "config.json"))["history"]
     assert [h["step"] for h in history] == [0, 2]
     assert history[1]["changed"] == {"max_steps": [2, 4], "eval_interval": [0, 2], "keep_ckpts": [3, 5]}
+
+
+def test_resume_may_change_lr_grad_clip_and_warmup_and_records_them(data_dir, tmp_path):
+    """The advice of a bad step's error (a lower lr) can be followed: lr, grad_clip, warmup_steps, min_lr_ratio and
+    max_bad_steps may change on resume, recorded in config.json's history, and the schedule uses the new values.
+    (Before: resume refused them as other settings.) A checkpoint older than decay_embeddings was made with decay
+    on every >= 2-D weight: resuming it needs decay_embeddings=True, not a silent change of the optimizer."""
+    run(data_dir, tmp_path, "--max_steps=2", "--eval_interval=0")
+    new = ["--lr=1e-3", "--grad_clip=0.5", "--warmup_steps=1", "--min_lr_ratio=0.5", "--max_bad_steps=1"]
+    steps, _ = run(data_dir, tmp_path, "--max_steps=4", "--eval_interval=0", *new)
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert json.load(open(tmp_path / "config.json"))["history"][1]["changed"] == {
+        "max_steps": [2, 4], "lr": [3e-3, 1e-3], "grad_clip": [1.0, 0.5], "warmup_steps": [5, 1],
+        "min_lr_ratio": [0.1, 0.5], "max_bad_steps": [5, 1]}
+    cfg = CF.Config(lr=1e-3, warmup_steps=1, min_lr_ratio=0.5, max_steps=4)
+    assert [r["lr"] for r in steps[2:]] == [train.lr_at(2, cfg), train.lr_at(3, cfg)]
+    run(data_dir, tmp_path / "old", "--max_steps=1", "--eval_interval=0", "--decay_embeddings=True")
+    ckpt = torch.load(path := tmp_path / "old" / "ckpt_0000001.pt", weights_only=False)
+    del ckpt["config"]["decay_embeddings"]                                  # as written before the setting existed
+    torch.save(ckpt, path)
+    with pytest.raises(SystemExit, match="other settings.*decay_embeddings: run True, now False"):
+        run(data_dir, tmp_path / "old", "--max_steps=2", "--eval_interval=0")
+    steps, _ = run(data_dir, tmp_path / "old", "--max_steps=2", "--eval_interval=0", "--decay_embeddings=True")
+    assert [r["step"] for r in steps] == [1, 2]
 
 
 def test_torn_log_line_is_tolerated_and_the_log_is_rewritten_atomically(data_dir, tmp_path, monkeypatch):
@@ -323,6 +398,41 @@ def test_lr_schedule():
     assert train.lr_at(60, cfg) == pytest.approx(0.55) and train.lr_at(110, cfg) == pytest.approx(0.1)
 
 
+def test_weight_decay_spares_norms_and_embeddings_unless_asked(data_dir):
+    """PAPER.md: no decay on norms and embeddings. decay_embeddings=False (default): the token embedding (tied: the
+    shared matrix) and the norm gains do not decay, an untied head does (a linear layer); True: every >= 2-D tensor
+    decays, as the committed KJV runs were trained. (Before: the embedding always decayed.)"""
+    def groups(*extra):
+        cfg = CF.load_config(TINY + [f"--data_dir={data_dir}", "--weight_decay=0.1", *extra])
+        model, opt = train.build(cfg, CF.model_config(cfg), torch.device("cpu"), False, None)
+        names = {id(p): n for n, p in model.named_parameters()}
+        return [(g["weight_decay"], sorted(names[id(p)] for p in g["params"])) for g in opt.param_groups], model
+    (wd, decay), (wd0, rest) = groups()[0]
+    assert (wd, wd0) == (0.1, 0.0) and "lm_head.weight" in decay and "tok_emb.weight" in rest
+    assert all(n.endswith("norm.weight") for n in rest if n != "tok_emb.weight")
+    assert len(decay) == 4 * 7 + 1 and all(not n.endswith("norm.weight") for n in decay)
+    (_, tied_decay), (_, tied_rest) = groups("--tie_embeddings=True")[0]
+    assert "tok_emb.weight" in tied_rest and not any(n.startswith(("tok_emb", "lm_head")) for n in tied_decay)
+    ((_, old_decay), (_, old_rest)), model = groups("--decay_embeddings=True")
+    assert old_decay == sorted(n for n, p in model.named_parameters() if p.dim() >= 2) and "tok_emb.weight" in old_decay
+
+
+def test_process_group_timeout_and_activation_checkpointing_are_settings(data_dir, tmp_path, monkeypatch):
+    """dist_timeout_min reaches init_process_group (the default 10 minutes is shorter than a 3.4B checkpoint's
+    gather and write); activation_checkpointing reaches the model. One process under torch.distributed (gloo)."""
+    seen, real_init, real_objective = {}, train.dist.init_process_group, train.JregObjective.__init__
+    monkeypatch.setattr(train.dist, "init_process_group", lambda *a, **k: (seen.update(k), real_init(*a, **k))[1])
+    monkeypatch.setattr(train.JregObjective, "__init__", lambda self, model, cfg: (
+        seen.update(blocks=getattr(model, "checkpoint_blocks", None)), real_objective(self, model, cfg))[1])
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", str(29500 + os.getpid() % 1000))):
+        monkeypatch.setenv(key, value)
+    steps, _ = run(data_dir, tmp_path, "--max_steps=1", "--eval_interval=0", "--dist_timeout_min=7",
+                   "--activation_checkpointing=True")
+    assert len(steps) == 1 and seen["timeout"] == datetime.timedelta(minutes=7) and seen["blocks"] is True
+    assert CF.Config().dist_timeout_min >= 30
+
+
 def torchrun(nproc, out_dir, data_dir, *extra):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            os.path.join(HERE, "train.py"), *TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *extra]
@@ -348,6 +458,24 @@ def test_two_processes_match_one(data_dir, tmp_path, mode):
         more, _ = torchrun(2, tmp_path / "two", data_dir, *args[1:], "--max_steps=10")
         assert [r["step"] for r in more] == list(range(1, 11)) and more[:8] == two
         assert more[-1]["loss"] < more[0]["loss"]
+
+
+def test_ddp_and_fsdp_train_under_one_numerics_policy(data_dir, tmp_path):
+    """bf16 autocast over fp32 weights under DDP and FSDP alike (the residual stream is fp32 in both): on the same
+    weights 2-process DDP and FSDP give the same val loss, loss and gradient norm to fp32 rounding; later steps agree
+    to bf16's noise; a run that switches to FSDP on resume goes on as an FSDP run does, the switch recorded in its
+    history. (Before: FSDP cast its weights to bf16: val loss 1.9e-4 apart at step 0, gradient norm 1.9e-4 relative;
+    and a DDP checkpoint, its optimizer state keyed by position, could not be resumed under FSDP.)"""
+    args = ["--max_steps=4", "--eval_interval=4", "--ckpt_interval=2", "--jreg_lambda=1.0", "--dtype=bfloat16"]
+    fsdp, fsdp_eval = torchrun(2, tmp_path / "fsdp", data_dir, *args, "--fsdp=True")
+    ddp, ddp_eval = torchrun(2, tmp_path / "switched", data_dir, *args[1:], "--max_steps=2")
+    switched, _ = torchrun(2, tmp_path / "switched", data_dir, *args, "--fsdp=True")       # resumed under FSDP
+    assert ddp_eval[0]["val_loss"] == pytest.approx(fsdp_eval[0]["val_loss"], rel=1e-6)
+    assert ddp[0]["loss"] == pytest.approx(fsdp[0]["loss"], rel=1e-6)
+    assert ddp[0]["grad_norm"] == pytest.approx(fsdp[0]["grad_norm"], rel=1e-5)
+    np.testing.assert_allclose([r["loss"] for r in switched], [r["loss"] for r in fsdp], rtol=0, atol=1e-3)
+    history = json.load(open(tmp_path / "switched" / "config.json"))["history"]
+    assert history[1]["changed"] == {"max_steps": [2, 4], "fsdp": [False, True]}
 
 
 def test_compiled_training_matches_eager(data_dir, tmp_path):

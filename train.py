@@ -7,7 +7,9 @@ Pre-train a Llama with or without JREG (loss = CE + λ · Σ_l w_l Ψ_l).
 
 Every setting and its default is in `Config` below; a config file is Python (trusted input) assigning some of them.
 Starting a run in an out_dir that holds a checkpoint resumes it exactly; the settings that define the experiment
-must then be the same (RESUMABLE lists those that may change). A user error is one `error:` line, exit status 1.
+must then be the same (RESUMABLE lists those that may change, lr and grad_clip among them). A step with a non-finite
+loss or gradient is skipped and logged; max_bad_steps + 1 of them in a row stop the run. A user error is one `error:`
+line, exit status 1.
 """
 import dataclasses
 import json
@@ -17,6 +19,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -96,21 +99,25 @@ def processes(cfg):
 
 
 def build(cfg, mcfg, device, bf16, init_sd):
-    """The model (built in place on the device, FSDP-sharded per block when asked) and AdamW."""
+    """The model (built in place on the device, FSDP-sharded per block when asked) and AdamW. Numerics, DDP and FSDP
+    alike: fp32 weights (FSDP gathers and reduces them in fp32) and bf16 matmuls from main's autocast, so the residual
+    stream is fp32 in both. No weight decay on norms, biases or the token embedding (tied: the shared matrix) unless
+    decay_embeddings; an untied head is a linear layer and decays. (bf16 is main's; the autocast applies it.)"""
     with torch.device(device):                          # no full CPU copy per rank
         model = Llama(mcfg)
+    model.checkpoint_blocks = cfg.activation_checkpointing
     if init_sd is not None:
         model.load_state_dict(init_sd)
     if cfg.fsdp:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+        from torch.distributed.fsdp import fully_shard
         for block in model.layers:
-            fully_shard(block, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}],
+            fully_shard(block)
+        fully_shard(model)
+    emb = model.tok_emb.weight
+    decay = [p.dim() >= 2 and (cfg.decay_embeddings or p is not emb) for p in model.parameters()]
+    groups = [[p for p, d in zip(model.parameters(), decay) if d == on] for on in (True, False)]
+    optimizer = torch.optim.AdamW([{"params": groups[0], "weight_decay": cfg.weight_decay},
+                                   {"params": groups[1], "weight_decay": 0.0}],
                                   lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type in ("cuda", "cpu"))
     return model, optimizer
 
@@ -178,6 +185,24 @@ def accumulate(train_step, model, batches, cfg, device, autocast, ddp, world):
     return sums
 
 
+def skip_step(cfg, step, seq_index, loss, grad_norm, lr, bad, log):
+    """Step `step` had a non-finite loss or gradient norm: nothing of it is applied (the caller zeroes the gradients)
+    and the data moves on past its batch (sequences seq_index on). It is logged; the bad-th in a row beyond
+    max_bad_steps ends the run, naming the last checkpoint and a change that resume accepts."""
+    loss, grad_norm = loss.item(), grad_norm.item()
+    if bad > cfg.max_bad_steps:
+        last = list_checkpoints(cfg.out_dir)
+        fail(f"non-finite loss {loss} or gradient norm {grad_norm} at step {step} (data from sequence {seq_index}), "
+             f"{bad} in a row (max_bad_steps = {cfg.max_bad_steps}); nothing of "
+             f"{'it' if bad == 1 else f'steps {step - bad + 1}-{step}'} was applied. The last checkpoint is "
+             f"{last[-1][1] if last else '(none)'}: rerun with a lower lr (e.g. --lr={cfg.lr / 2:g}), grad_clip or "
+             f"a higher max_bad_steps to resume from it")
+    log({"step": step, "tokens": step * cfg.batch_tokens, "skipped": bad, "seq_index": seq_index, "bad_loss": loss,
+         "bad_grad_norm": grad_norm, "lr": lr}, f"step {step:6d} | skipped: non-finite loss {loss} or gradient norm "
+        f"{grad_norm}, data from sequence {seq_index} | {bad} in a row (max_bad_steps = {cfg.max_bad_steps})")
+    return bad
+
+
 # ----------------------------------------------------------------------------------------------------------
 
 def main(argv):
@@ -186,7 +211,7 @@ def main(argv):
     cfg = load_config(argv)
     ddp, rank, world, grad_accum, device, bf16 = processes(cfg)
     master, seqs_per_step = rank == 0, cfg.batch_tokens // cfg.seq_len
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()   # over fp32 weights
 
     # ---- weights to start from (fine-tuning) and data, checked before anything is written
     init_sd, mcfg = start_weights(cfg)
@@ -207,13 +232,14 @@ def main(argv):
     # ---- the run folder: locked (until this process ends), then resumed from its newest checkpoint if it has one
     lock = lock_run(cfg.out_dir) if master else None  # noqa: F841 (held, not used)
     if ddp:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                timeout=timedelta(minutes=cfg.dist_timeout_min))
     ckpts = list_checkpoints(cfg.out_dir)
     ckpt = load_checkpoint(ckpts[-1][1]) if ckpts else None
     changed = check_resume(cfg, mcfg, ckpt, ckpts[-1][1], data_id) if ckpt else {}
     model, optimizer = build(cfg, mcfg, device, bf16, None if ckpt else init_sd)
     del init_sd
-    step, seq_index = 0, 0
+    step, seq_index, bad = 0, 0, 0
     if ckpt:
         restore(ckpt, model, optimizer, cfg.fsdp)
         step, seq_index = ckpt["step"], ckpt["data_state"]["seq_index"]
@@ -231,12 +257,14 @@ def main(argv):
         wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None, config=dataclasses.asdict(cfg),
                    resume="allow")
 
-    def log(record):
+    def log(record, line=None):
         if master:
             with open(log_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
             if wandb:
                 wandb.log(record, step=record["step"])
+            if line:
+                print(line, flush=True)
 
     objective = JregObjective(model, cfg).to(device)
     train_step = torch.compile(objective) if cfg.compile else objective
@@ -258,20 +286,19 @@ def main(argv):
         batches = [train_data.batch(seq_index + (micro * world + rank) * cfg.micro_batch, cfg.micro_batch)
                    for micro in range(grad_accum)]
         sums = accumulate(train_step, model, batches, cfg, device, autocast, ddp, world)
-        seq_index += seqs_per_step
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        if not (torch.isfinite(sums[2]) and torch.isfinite(grad_norm)):   # never step on non-finite numbers
-            last = list_checkpoints(cfg.out_dir)
-            fail(f"non-finite loss {sums[2].item()} or gradient norm {grad_norm.item()} at step {step + 1}; "
-                 f"nothing of this step was applied or saved. The last checkpoint is "
-                 f"{last[-1][1] if last else '(none)'}; rerun to resume from it, with a lower lr or another seed")
-        optimizer.step()
+        if torch.isfinite(sums[2]) and torch.isfinite(grad_norm):         # the same on every rank (all-reduced)
+            optimizer.step()
+            bad = 0
+        else:                                                             # never step on non-finite numbers
+            bad = skip_step(cfg, step + 1, seq_index, sums[2], grad_norm, lr, bad + 1, log)
         optimizer.zero_grad(set_to_none=True)
+        seq_index += seqs_per_step                                        # past the batch, applied or skipped
         step += 1
 
         (ce, penalty, loss), dt = sums[:3].tolist(), time.time() - t0
-        if step % cfg.log_interval == 0 or step == cfg.max_steps:
+        if not bad and (step % cfg.log_interval == 0 or step == cfg.max_steps):
             zeta = jump_rate(sums[3:])
             rec = {"step": step, "tokens": step * cfg.batch_tokens, "loss": loss, "ce": ce, "jreg": penalty,
                    "zeta_L": zeta[-1].item() if len(zeta) else None, "lr": lr, "grad_norm": grad_norm.item(),
