@@ -54,8 +54,8 @@ class Config:
     lr: float = 6e-4                # peak learning rate (AdamW)
     min_lr_ratio: float = 0.1       # cosine decays to lr · min_lr_ratio
     warmup_steps: int = 2000        # linear warm-up, then cosine decay
-    weight_decay: float = 0.1       # on ≥ 2-D weights (an untied head too); none on norms
-    decay_embeddings: bool = False  # True: the token embedding (tied: the shared matrix) decays as well
+    weight_decay: float = 0.1       # on ≥ 2-D weights (an untied head too), never on norms
+    decay_embeddings: bool = False  # False: none on the token embedding (tied: the shared matrix); True: it decays
     beta1: float = 0.9              # AdamW β1
     beta2: float = 0.95             # AdamW β2
     grad_clip: float = 1.0          # 0: no clipping
@@ -94,7 +94,7 @@ def usage():
         text, _, note = (part.strip() for part in line.partition("#"))
         flag = f"--{text.split(':')[0]}={text.partition('=')[2].strip().strip(chr(34))}"
         lines.append(f"  {note}:" if not text else f"    {flag:<30s} {note}".rstrip())
-    return "\n".join(lines)
+    return "\n".join(lines + [f"a resumed run may change these (the others must match): {', '.join(sorted(RESUMABLE))}"])
 
 
 def fail(message):
