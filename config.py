@@ -94,7 +94,7 @@ def usage():
         text, _, note = (part.strip() for part in line.partition("#"))
         flag = f"--{text.split(':')[0]}={text.partition('=')[2].strip().strip(chr(34))}"
         lines.append(f"  {note}:" if not text else f"    {flag:<30s} {note}".rstrip())
-    return "\n".join(lines + [f"a resumed run may change these (the others must match): {', '.join(sorted(RESUMABLE))}"])
+    return "\n".join(lines + [f"a resumed run may change (the others must match): {', '.join(sorted(RESUMABLE))}"])
 
 
 def fail(message):
