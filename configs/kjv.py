@@ -14,6 +14,7 @@ micro_batch = 16
 max_steps = 600
 warmup_steps = 50
 lr = 3e-3
+decay_embeddings = True        # weight decay on the embedding too, as the committed KJV results were made
 eval_interval = 50             # Ψ and ζ over training, in log.jsonl
 eval_batches = 8
 ckpt_interval = 50             # every checkpoint kept, for ζ_L over training
