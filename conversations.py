@@ -19,10 +19,19 @@ encoding's ``<|endoftext|>`` (``enc.eot_token``):
 Contents are used verbatim. A generation prompt is the conversation so far followed by "<|assistant|>\\n"
 (``prompt_ids``); generation stops at EOT or when the text "<|user|>" appears.
 
+A model's own template: with a Hugging Face tokenizer that has a chat template, a conversation is its
+apply_chat_template rendering instead, and the loss mask is derived exactly (``render_template``): the conversation is
+rendered up to each assistant turn as a generation prompt (as the chat asks, ``chat_prompt``), then up to the end of
+that turn, ..., then whole; each rendering must extend the one before token for token (else the conversation is
+malformed), and a turn's loss tokens are those its end adds, up to and including the last eos among them (its
+end-of-turn token, e.g. SmolLM2's <|im_end|>; the newline after it is not a target).
+
 Prepared folder (prepare_sft.py): token shards with, beside each, ``<shard>.bin.mask`` (tokenizer "loss-mask",
 vocabulary 2), 1 where the token is a training target; a conversation starts at its leading EOT, the only EOT with
-mask 0. ``PackedStream`` packs conversations best-fit into windows of seq_len + 1 tokens, each window starting at a
-conversation start, padded with EOT; targets are -1 except on loss tokens. Packing is plain concatenation [ours]: a
+mask 0. In a model's template the eos may also close user turns, so there the mask has vocabulary 3 and a
+conversation's first token has mask START (2), never a target; PackedStream reads both kinds. ``PackedStream``
+packs conversations best-fit into windows of seq_len + 1 tokens, each window starting at a conversation start,
+padded with EOT; targets are -1 except on loss tokens. Packing is plain concatenation [ours]: a
 conversation also attends to those before it in its window and its positions continue theirs; the measured effect is
 in results/sft_kjv/packing_effect.json: +0.0001 nats of assistant-token loss on the
 val conversations of the small KJV fine-tuning run packed vs alone at seq_len 512, where 2 of 200 share a window;
@@ -37,7 +46,7 @@ import torch
 from data import MANIFEST, load_manifest, read_shard
 
 
-MASK_TOKENIZER = "loss-mask"
+MASK_TOKENIZER, START = "loss-mask", 2  # START: the mask value of a conversation's first token (model templates)
 HEADERS = {"system": "<|system|>\n", "user": "<|user|>\n", "assistant": "<|assistant|>\n"}
 
 
@@ -136,11 +145,14 @@ class PackedStream:
         self.tokens, self.masks, where, starts, lengths = [], [], [], [], []
         for i, e in enumerate(entries):
             tokens, header = read_shard(os.path.join(data_dir, e["file"]), tokenizer=tokenizer)
-            mask, _ = read_shard(os.path.join(data_dir, e["mask"]), vocab_size=2)
+            mask, kinds = read_shard(os.path.join(data_dir, e["mask"]))
+            if kinds["vocab_size"] not in (2, 3) or kinds["tokenizer"] != MASK_TOKENIZER:
+                raise SystemExit(f"error: {data_dir}: {e['mask']} is not a loss mask")
             if header["vocab_size"] > vocab_size:
                 raise SystemExit(f"error: {e['file']}: vocabulary of {header['vocab_size']} tokens does not fit the "
                                  f"model's vocab_size {vocab_size}")
-            first = np.flatnonzero((tokens == header["eot_token"]) & (mask == 0))
+            first = np.flatnonzero(mask == START if kinds["vocab_size"] == 3 else
+                                   (tokens == header["eot_token"]) & (mask == 0))
             if len(mask) != len(tokens) or len(first) != e["conversations"] or (len(first) and first[0] != 0):
                 raise SystemExit(f"error: {data_dir}: {e['file']} and its mask do not match {MANIFEST}")
             self.tokens.append(tokens)
@@ -172,7 +184,7 @@ class PackedStream:
         for c in convs:
             s, start, n = self.where[c], self.starts[c], self.lengths[c]
             tokens[pos:pos + n] = self.tokens[s][start:start + n]
-            mask[pos:pos + n] = self.masks[s][start:start + n]
+            mask[pos:pos + n] = self.masks[s][start:start + n] == 1
             pos += n
         return tokens, mask, pos
 
@@ -186,12 +198,48 @@ class PackedStream:
         return torch.from_numpy(tokens[:, :-1].copy()), torch.from_numpy(y), torch.from_numpy(real)
 
 
+def chat_template(enc):
+    """enc's Hugging Face tokenizer when it has a chat template of its own (else None: ours is used)."""
+    hf = getattr(enc, "hf", None)
+    return hf if hf is not None and getattr(hf, "chat_template", None) else None
+
+
+def template_ids(messages, enc, prompt=False):
+    """The token ids of apply_chat_template (with add_generation_prompt=prompt) of enc's tokenizer."""
+    return list(chat_template(enc).apply_chat_template(messages, add_generation_prompt=prompt, tokenize=True,
+                                                       return_dict=False))
+
+
+def render_template(messages, enc, limit=None):
+    """Token ids and loss mask of a conversation in the chat template of enc's Hugging Face tokenizer, or None when
+    the template does not render it prefix by prefix. It is rendered up to each assistant turn as a generation prompt
+    (as the chat asks), then to the end of that turn, ..., then whole; each rendering must extend the one before
+    token for token. A turn's loss tokens are those its end adds to its prompt, up to and including the last eos
+    among them (the end-of-turn token; all of them when there is none). limit: stop at a rendering longer."""
+    from jinja2 import TemplateError
+
+    ids, mask = [], []
+    steps = [(messages[:i + end], ("prompt", "turn")[end]) for i, m in enumerate(messages) if m["role"] == "assistant"
+             for end in (0, 1)]
+    for part, kind in steps + [(messages, "rest")]:
+        try:
+            new = template_ids(part, enc, prompt=kind == "prompt")
+        except TemplateError:
+            return None
+        if new[:len(ids)] != ids:
+            return None
+        added = new[len(ids):]
+        loss = 0 if kind != "turn" else len(added) - added[::-1].index(enc.eot_token) if enc.eot_token in added \
+            else len(added)
+        ids, mask = new, mask + [1] * loss + [0] * (len(added) - loss)
+        if limit is not None and len(ids) > limit:
+            break
+    return ids, mask
+
+
 def chat_prompt(messages, enc):
     """prepare_sft.py's chat template; a Hugging Face tokenizer's own chat template where it has one."""
-    hf = getattr(enc, "hf", None)
-    if hf is not None and getattr(hf, "chat_template", None):
-        return list(hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
-    return prompt_ids(messages, enc)
+    return template_ids(messages, enc, prompt=True) if chat_template(enc) else prompt_ids(messages, enc)
 
 
 def fit_context(messages, enc, max_seq_len, room):

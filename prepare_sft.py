@@ -1,4 +1,5 @@
-"""Instruction data -> conversation shards with a loss mask, rendered with conversations.py's chat template.
+"""Instruction data -> conversation shards with a loss mask, rendered with conversations.py's chat template, or with
+the model's own (apply_chat_template) for a --tokenizer hf:... that has one (conversations.render_template).
 
     python prepare_sft.py --out_dir data/sft                     # Tulu v2 SFT mixture, streamed from the hub
     python prepare_sft.py --input chats.jsonl more.parquet --out_dir data/mine --seq_len 1024 --val_conversations 100
@@ -8,27 +9,31 @@ read by `datasets`, in any of three schemas detected per record: ``messages`` [{
 ``conversations`` [{from: human|gpt|system, value}], Alpaca ``instruction``/``input``/``output``. After an
 optional first system message the turns must alternate user/assistant: leading assistant turns (a question
 missing) and a trailing user turn (no answer) are trimmed, anything else irregular is dropped as malformed (so is
-a record whose turns are not a list of objects with a string role and content). Files without records count as
-empty; an input without any record is an error ("no conversations").
+a record whose turns are not a list of objects with a string role and content, and one that a model's template
+refuses or does not render prefix by prefix). Files without records count as empty; an input without any record is
+an error ("no conversations").
 
 Prepared folder: ``sft_val_000000.bin`` (the first --val_conversations kept conversations) and
 ``sft_train_000001.bin``, ... (--shard_conversations kept conversations each), token shards written by
-prepare_fineweb.write_shard; beside each, ``<shard>.bin.mask``, a shard in the same format (tokenizer "loss-mask",
+data.write_shard; beside each, ``<shard>.bin.mask``, a shard in the same format (tokenizer "loss-mask",
 vocabulary 2) holding one mask value per token, 1 where the token is a training target. A conversation is never
 split across shards and starts at its leading EOT, the only EOT with mask 0: that is how readers find conversation
-boundaries. A conversation longer than --seq_len + 1 tokens is cut to that length and kept if a loss token remains.
-Before rendering, its contents are cut to (seq_len + 1) x (the longest token, in bytes) characters in all, which
-make more than seq_len + 1 tokens whatever the text: the text beyond cannot reach the window and is never tokenised,
-so memory stays bounded whatever a record's size (for ordinary text the tokens kept are those of the whole text;
-tested). ``manifest.json`` (kind "sft") records the arguments, every shard, the counts (COUNTS: records = kept +
-malformed + no_loss + cut_dropped; no_loss: no answer at all, cut_dropped: the cut left no answer token; truncated:
-kept conversations that were cut) and ``complete``; it is rewritten after each shard, so rerunning a killed command
+boundaries (in a model's template: at mask value 2, vocabulary 3). A conversation longer than --seq_len + 1 tokens
+is cut to that length and kept if a loss token remains. Before rendering, its contents are cut to (seq_len + 1) x
+(the longest token, in bytes; for a Hugging Face tokenizer in characters) characters in all, which make more than
+seq_len + 1 tokens whatever the text: the text beyond cannot reach the window and is never tokenised, so memory
+stays bounded whatever a record's size (for ordinary text the tokens kept are those of the whole text; tested).
+``manifest.json`` (kind "sft") records the arguments (with the tokenizer's fingerprint, and "chat_template": "ours"
+or 16 hex digits of the sha256 of the model's), every shard, the counts (COUNTS: records = kept + malformed +
+no_loss + cut_dropped; no_loss: no answer at all, cut_dropped: the cut left no answer token; truncated: kept
+conversations that were cut) and ``complete``; it is rewritten after each shard, so rerunning a killed command
 resumes after the last complete shard (skipping the input records it consumed) and gives byte-identical files.
 
 Training reads the folder with conversations.PackedStream (best-fit packing; its docstring says what packing
 shares between conversations, with the measured effect).
 """
 import argparse
+import hashlib
 import itertools
 import json
 import os
@@ -38,8 +43,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from conversations import HEADERS, MASK_TOKENIZER, render
-from data import get_tokenizer, load_manifest, open_sources, write_atomic, write_shard
+from conversations import HEADERS, MASK_TOKENIZER, START, chat_template, render, render_template
+from data import get_tokenizer, load_manifest, open_sources, tokenizer_fingerprint, write_atomic, write_shard
 
 
 DEFAULT_DATASET = "allenai/tulu-v2-sft-mixture"
@@ -107,8 +112,9 @@ def records(sources):
 
 @lru_cache(maxsize=None)
 def longest_token(enc):
-    """The length in bytes of the encoding's longest token."""
-    return max(map(len, enc.token_byte_values()))
+    """The length in bytes of the encoding's longest token (a Hugging Face tokenizer: in characters, which for a
+    byte-level vocabulary are bytes)."""
+    return max(map(len, enc.hf.get_vocab() if hasattr(enc, "hf") else enc.token_byte_values()))
 
 
 def cut(messages, chars):
@@ -123,18 +129,25 @@ def cut(messages, chars):
 
 
 def conversations(source, enc, seq_len, counts):
-    """Yield (ids, mask) arrays of each kept conversation; update counts (COUNTS) as records are consumed."""
+    """Yield (ids, mask) arrays of each kept conversation; update counts (COUNTS) as records are consumed. In the
+    chat template of enc's Hugging Face tokenizer when it has one: the first token's mask is then START."""
     room = (seq_len + 1) * longest_token(enc)  # characters that make more than seq_len + 1 tokens, whatever the text
+    templated = chat_template(enc) is not None
     for where, record in source:
         counts["records"] += 1
         messages, trimmed = clean(to_messages(record, where))
-        if messages is None:
+        if messages is not None:  # text beyond `room` cannot reach the window: never tokenised
+            kept = cut(messages, room)
+            rendered = render_template(kept, enc, seq_len + 1) if templated else render(kept, enc)
+        if messages is None or rendered is None:
             counts["malformed"] += 1
             continue
-        ids, mask = render(cut(messages, room), enc)  # text beyond `room` cannot reach the window: never tokenised
+        ids, mask = rendered
         cut_off = len(ids) > seq_len + 1
         ids, mask = ids[:seq_len + 1], mask[:seq_len + 1]
-        n_loss = sum(mask)
+        if templated and ids:
+            mask[0] = START
+        n_loss = mask.count(1)
         if n_loss == 0:
             counts["cut_dropped" if cut_off and any(m["role"] == "assistant" for m in messages) else "no_loss"] += 1
             continue
@@ -162,9 +175,11 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
             raise SystemExit(f"error: {option} must be an integer >= {low}, got {value!r}")
     sources, described = open_sources(inputs, dataset=name, split=split, exclude=out_dir)  # read lazily, below
     enc = get_tokenizer(tokenizer)
+    template = chat_template(enc) and chat_template(enc).chat_template
     config = {"kind": "sft", "source": described, "split": split, "tokenizer": enc.name, "vocab_size": enc.n_vocab,
-              "eot_token": enc.eot_token, "seq_len": seq_len, "val_conversations": val_conversations,
-              "shard_conversations": shard_conversations}
+              "eot_token": enc.eot_token, "tokenizer_fingerprint": tokenizer_fingerprint(enc), "chat_template": "ours"
+              if template is None else hashlib.sha256(json.dumps(template).encode()).hexdigest()[:16],
+              "seq_len": seq_len, "val_conversations": val_conversations, "shard_conversations": shard_conversations}
     os.makedirs(out_dir, exist_ok=True)
     manifest_path = os.path.join(out_dir, MANIFEST)
     ours = lambda: [f for f in os.listdir(out_dir) if f.startswith("sft_")]  # noqa: E731
@@ -173,7 +188,8 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
             os.remove(os.path.join(out_dir, f))
     if manifest := load_manifest(out_dir, lambda m: m.get("kind") != "sft" or set(COUNTS) <= set(m["counts"]) and
                                  all(isinstance(s["mask"], str) for s in m["shards"]) and "complete" in m):
-        old = manifest.get("config", {})
+        old = {"tokenizer_fingerprint": config["tokenizer_fingerprint"], "chat_template": "ours",  # older: tiktoken
+               **manifest.get("config", {})}
         diffs = [f"{k}: {old.get(k)!r} before, {config.get(k)!r} now" for k in sorted(set(old) | set(config))
                  if old.get(k) != config.get(k)]
         if diffs:
@@ -201,10 +217,11 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
         ids, mask = np.concatenate([c[0] for c in convs]), np.concatenate([c[1] for c in convs])
         entry = {"file": shard_name(split_name, index), "mask": shard_name(split_name, index) + ".mask",
                  "split": split_name, "conversations": len(convs), "num_tokens": len(ids),
-                 "loss_tokens": int(mask.sum())}
-        write_shard(os.path.join(out_dir, entry["file"]), ids, tokenizer=enc.name, vocab_size=enc.n_vocab,
+                 "loss_tokens": int((mask == 1).sum())}
+        write_shard(os.path.join(out_dir, entry["file"]), ids, tokenizer=enc, vocab_size=enc.n_vocab,
                     eot_token=enc.eot_token)
-        write_shard(os.path.join(out_dir, entry["mask"]), mask, tokenizer=MASK_TOKENIZER, vocab_size=2, eot_token=0)
+        write_shard(os.path.join(out_dir, entry["mask"]), mask, tokenizer=MASK_TOKENIZER, vocab_size=2 + (template is
+                    not None), eot_token=0)
         manifest["shards"].append(entry)
         manifest["elapsed_s"] = round(elapsed + time.time() - t0, 3)
         write_atomic(manifest_path, json.dumps(manifest, indent=1) + "\n")
@@ -249,7 +266,8 @@ def main(argv=None):
     p.add_argument("--out_dir", required=True)
     p.add_argument("--seq_len", type=int, default=2048, help="training window; longer conversations are cut to "
                    "seq_len + 1 tokens (default %(default)s)")
-    p.add_argument("--tokenizer", default="gpt2", help="prepare_fineweb.get_tokenizer name (default %(default)s)")
+    p.add_argument("--tokenizer", default="gpt2", help="data.get_tokenizer name: gpt2 (default), bytes, ..., or "
+                   "hf:NAME_OR_DIR, hf:DIR/FILE.gguf (its chat template is used when it has one)")
     p.add_argument("--val_conversations", type=int, default=200, help="the first N kept conversations form the "
                    "val split (default %(default)s)")
     p.add_argument("--shard_conversations", type=int, default=50_000, help="conversations per train shard "

