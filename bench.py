@@ -38,6 +38,60 @@ def timed(fn, device):
     return time.perf_counter() - t0
 
 
+def measured_peak(fn):
+    """Peak CPU bytes allocated by fn() beyond what was allocated before it: the running sum of every allocation and
+    free torch.profiler records (profile_memory=True), in time order. Exact tensor bytes, free of the allocator's
+    caching and of RSS noise; a GPU's caching allocator adds its own rounding and fragmentation."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]" and e.device_type().name == "CPU")
+    total = peak = 0
+    for _, nbytes in events:
+        total += nbytes
+        peak = max(peak, total)
+    return peak
+
+
+def estimate(mcfg, micro_batch, seq_len, mode="autocast", checkpointing=False, loss_chunk=1024, jreg=True,
+             world=1, fsdp=False, grad_accum=1):
+    """Predicted peak bytes per process of one eager training step, by part. mode: fp32 | autocast (fp32 weights,
+    bf16 matmuls: DDP) | bf16 (bf16 weights and residual stream: FSDP's param_dtype, fp32 master shards).
+    loss_chunk 0: the full-logits loss. The activations are what autograd saves, at whichever moment holds the most:
+    the end of the forward pass, the start of the backward pass, or (checkpointing) a block's recomputation;
+    test_memory.py checks them against torch.profiler's peaks on CPU."""
+    L, d, f, V, n = mcfg.n_layer, mcfg.d_model, mcfg.ffn_hidden, mcfg.vocab_size, micro_batch * seq_len
+    kv = mcfg.n_kv_head * mcfg.head_dim
+    p_block = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * f
+    p_top = V * d * (1 if mcfg.tie_embeddings else 2) + d
+    P = L * p_block + p_top
+    r, c = (2, 2) if mode == "bf16" else (4, 4) if mode == "fp32" else (4, 2)      # residual, matmul bytes
+    # saved per token by a block: two RMSNorms (fp32 input, normalized, what the linears keep of the output: fp32 or
+    # bf16 once, or bf16 once per linear under autocast), rotated q and k, v, attention output; gate, silu, up, product
+    block = 2 * (4 + r) * d + {"fp32": 8, "autocast": 10, "bf16": 4}[mode] * d + c * (2 * d + 2 * kv) + 4 * c * f
+    top = (4 + r) * d + (4 if mode == "fp32" or loss_chunk else c) * d          # the final norm, its output for the head
+    kept = L * (r * d if checkpointing else block)   # checkpointing keeps each block's input only
+    streams = (L + 1) * r * d if jreg else 0        # the penalty's gradients of h_0..h_L, waiting for their block
+    fp32_streams = (L + 1) * 4 * d if jreg and r == 2 else 0    # the penalty's fp32 copies of bf16 streams
+    rows = min(loss_chunk, n) if loss_chunk else n
+    head_grads = 2 * (2 if mode == "bf16" else 4) * V * d if loss_chunk else 0   # the head's gradient, summed over chunks
+    copies = 2 * (L * p_block + V * d) if mode == "autocast" else 0               # autocast's bf16 weights (cached)
+    saved_copies = 2 * (L * p_block * (not checkpointing) + V * d * (not loss_chunk)) if mode == "autocast" else 0
+    phases = {  # (activations, logits)
+        "forward": (n * (kept + top + fp32_streams) + copies, 8 * rows * V),
+        "backward": (n * (kept + top + streams) + saved_copies, 12 * rows * V + head_grads)}
+    if checkpointing:                                 # one block recomputed, its gradients in flight
+        phases["recompute"] = (n * (kept + streams + block + 2 * c * f) + 2 * p_block * (mode == "autocast"), 0)
+    activations, logits = max(phases.values(), key=sum)
+    shard = world if fsdp else 1
+    weights = 4 * P / shard + (2 * (p_top + 2 * p_block) if fsdp else 0)  # FSDP: bf16 root and two blocks all-gathered
+    parts = dict(weights=weights, gradients=4 * P / shard, optimizer=8 * P / shard,   # AdamW: two fp32 moments
+                 # DDP: its fp32 gradient buckets; FSDP accumulating micro-batches: the unsharded fp32 gradients
+                 buffers=4 * P if not fsdp or grad_accum > 1 else 0, activations=activations, logits=logits)
+    return {**parts, "total": sum(parts.values())}
+
+
 def race(contenders, device, warmup, repeats):
     """Median seconds per call of each contender, interleaved."""
     for fn in contenders.values():

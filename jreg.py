@@ -28,13 +28,19 @@ def displacement(hidden_states, mask=None, skip_first=False):
     mask: optional [B, T] bool/0-1 tensor, True for tokens to include (e.g. non-padding).
     skip_first: drop position 0 from the average. Computed in fp32 whatever the input dtype; differentiable.
     No token to average (an all-padding mask, or one position with skip_first): zeros, with a zero gradient."""
-    h = hidden_states
-    psi = torch.stack([(1 - F.cosine_similarity(a.float(), b.float(), dim=-1)) / 2 for a, b in zip(h[:-1], h[1:])])
-    # psi: [L, B, T] per-token displacements
-    weight = torch.ones_like(psi[0]) if mask is None else mask.to(psi.dtype).expand_as(psi[0]).clone()
-    if skip_first:
-        weight[:, 0] = 0
-    return (psi * weight).sum(dim=(1, 2)) / weight.sum().clamp(min=1e-12)
+    h = [x.float() for x in hidden_states]
+    norms = [torch.linalg.vector_norm(x, dim=-1).clamp_min(1e-8) for x in h]       # |h_l| per token, once each
+    weight = None                                                                   # None: every token counts
+    if mask is not None or skip_first:
+        weight = torch.ones(h[0].shape[:2], device=h[0].device) if mask is None else \
+            mask.to(torch.float32).expand(h[0].shape[:2]).clone()
+        weight[:, :int(skip_first)] = 0
+        count = weight.sum().clamp(min=1e-12)
+    psi = []
+    for a, b, na, nb in zip(h[:-1], h[1:], norms[:-1], norms[1:]):                 # layer by layer: no [L, B, T]
+        per_token = (1 - (a * b).sum(-1) / (na * nb)) / 2
+        psi.append(per_token.mean() if weight is None else (per_token * weight).sum() / count)
+    return torch.stack(psi)
 
 
 def jump_rate(psi):
@@ -121,7 +127,7 @@ class JregObjective(nn.Module):
 
     def forward(self, x, y, real=None):
         cfg = self.cfg
-        out = self.model(x, y)
+        out = self.model(x, y, return_logits=False)             # the loss chunked: no full fp32 logits
         hs = streams(out, cfg.jreg_final_norm)
         if cfg.jreg_lambda == 0:                      # the baseline: Ψ only for the log, outside autograd
             hs = [h.detach() for h in hs]

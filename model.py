@@ -7,6 +7,8 @@ F.scaled_dot_product_attention, SwiGLU MLP, no biases, final RMSNorm, LM head. N
     out = model(idx, targets)
     out.logits          [B, T, vocab]
     out.loss            mean cross-entropy over targets != -1 (None without targets)
+    out = model(idx, targets, return_logits=False)     # training: logits None, the loss computed loss_chunk positions
+                                                       # at a time, so full fp32 logits never exist (chunked_cross_entropy)
     out.hidden_states   [h_0, h_1, ..., h_L]: h_0 the embedding output, h_l the raw residual stream after block l
     out.final_hidden    norm(h_L), the vector the LM head reads (what Hugging Face reports as its last hidden state)
 
@@ -17,6 +19,8 @@ F.scaled_dot_product_attention, SwiGLU MLP, no biases, final RMSNorm, LM head. N
         forward is exactly the training forward (causal attention over idx, positions 0..T-1).
 
 The streams are the tensors autograd keeps for the backward pass anyway, so returning them is free.
+model.checkpoint_blocks = True (activation checkpointing) keeps only them of each block when training and recomputes
+the rest in the backward pass: the same numbers, a fraction of the memory, about one more forward of compute.
 Llama.from_hf / Llama.to_hf convert to and from transformers' LlamaForCausalLM (imported only there).
 """
 import math
@@ -26,6 +30,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -161,6 +166,16 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+def chunked_cross_entropy(hidden, head, targets, rows):
+    """Mean cross-entropy over targets != -1 of head(hidden), `rows` positions at a time. Each chunk's logits (head
+    matmul, fp32 upcast, loss) are recomputed in the backward pass instead of kept, so only one chunk's exist at a
+    time, forward and backward: memory O(rows · vocab) instead of O(B · T · vocab)."""
+    hidden, targets = hidden.flatten(0, 1), targets.reshape(-1)
+    part = lambda h, t: F.cross_entropy(head(h).float(), t, ignore_index=-1, reduction="sum")
+    total = sum(checkpoint(part, h, t, use_reentrant=False) for h, t in zip(hidden.split(rows), targets.split(rows)))
+    return total / (targets != -1).sum()
+
+
 class LlamaOutput(NamedTuple):
     logits: torch.Tensor
     loss: Optional[torch.Tensor]
@@ -181,6 +196,8 @@ class Llama(nn.Module):
         cos, sin = rope_cache(cfg)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.checkpoint_blocks = False     # activation checkpointing per block (set by the trainer)
+        self.loss_chunk = 1024             # positions per chunk of the return_logits=False loss
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -193,8 +210,9 @@ class Llama(nn.Module):
             else:
                 nn.init.normal_(p, 0.0, std)
 
-    def forward(self, idx, targets=None, cache=None, positions=None, real=None, logits_to_keep=0):
-        """See the module docstring; logits_to_keep > 0: logits of the last that many positions only (as in HF)."""
+    def forward(self, idx, targets=None, cache=None, positions=None, real=None, logits_to_keep=0, return_logits=True):
+        """See the module docstring; logits_to_keep > 0: logits of the last that many positions only (as in HF);
+        return_logits=False: no logits (None), the loss chunked."""
         B, T = idx.shape
         if cache is None:
             assert positions is None and real is None, "positions and real go with a cache"
@@ -207,16 +225,20 @@ class Llama(nn.Module):
             cache.start(torch.ones_like(idx, dtype=torch.bool) if real is None else real)
         x = self.tok_emb(idx)
         hidden_states = [x]
+        recompute = self.checkpoint_blocks and cache is None and torch.is_grad_enabled()
         for i, block in enumerate(self.layers):
-            x = block(x, cos, sin, cache, i)
+            x = checkpoint(block, x, cos, sin, use_reentrant=False) if recompute else block(x, cos, sin, cache, i)
             hidden_states.append(x)
         if cache is not None:
             cache.len += T
         final_hidden = self.norm(x)
-        logits = self.lm_head(final_hidden[:, -logits_to_keep:] if logits_to_keep else final_hidden)
+        logits = self.lm_head(final_hidden[:, -logits_to_keep:] if logits_to_keep else final_hidden) \
+            if return_logits else None
         loss = None
-        if targets is not None:
+        if targets is not None and logits is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1)
+        elif targets is not None:
+            loss = chunked_cross_entropy(final_hidden, self.lm_head, targets, self.loss_chunk)
         return LlamaOutput(logits, loss, hidden_states, final_hidden)
 
     # ---- accounting -------------------------------------------------------------------------------------

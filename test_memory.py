@@ -1,0 +1,153 @@
+"""Memory at scale, tested on CPU: the chunked loss, activation checkpointing, and bench.py's memory estimate against
+peaks measured with torch.profiler."""
+import dataclasses
+
+import pytest
+import torch
+
+from bench import estimate, measured_peak
+from config import Config
+from jreg import JregObjective, jreg_penalty
+from model import Llama, LlamaConfig, rope_cache
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def tiny(**kw):
+    return LlamaConfig(**{**dict(vocab_size=97, n_layer=3, n_head=4, n_kv_head=2, d_model=32, ffn_hidden=48,
+                                 max_seq_len=32), **kw})
+
+
+def batch(vocab, B=3, T=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, vocab, (B, T), generator=g)
+    targets = torch.randint(0, vocab, (B, T), generator=g)
+    targets[0, :4] = -1                                          # ignored positions, as padding or prompts give
+    targets[-1, -3:] = -1
+    return idx, targets
+
+
+def loss_and_grads(model, idx, targets, autocast=False, **kw):
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = model(idx, targets, **kw)
+    out.loss.backward()
+    return out, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("tied,autocast", [(False, False), (True, False), (False, True), (True, True)])
+def test_chunked_loss_equals_full_loss_and_gradients(tied, autocast):
+    torch.manual_seed(0)
+    model = Llama(tiny(tie_embeddings=tied))
+    model.loss_chunk = 7                                        # 30 positions: 4 chunks of 7 and a rest of 2
+    idx, targets = batch(97)
+    full, g_full = loss_and_grads(model, idx, targets, autocast)
+    chunked, g_chunked = loss_and_grads(model, idx, targets, autocast, return_logits=False)
+    assert chunked.logits is None and full.logits.shape == (3, 10, 97)
+    tol = 2e-2 if autocast else 1e-6                            # bf16: each chunk's matmul rounds on its own
+    assert abs(chunked.loss.item() - full.loss.item()) <= tol * (1 if not autocast else 0.1)
+    for n in g_full:
+        scale = g_full[n].abs().max().item()
+        assert (g_chunked[n] - g_full[n]).abs().max().item() <= tol * scale, n
+    for a, b in zip(full.hidden_states, chunked.hidden_states):
+        assert torch.equal(a, b)
+
+
+def test_objective_never_materialises_logits():
+    torch.manual_seed(0)
+    model = Llama(tiny())
+    seen = []
+    model.register_forward_hook(lambda module, args, out: seen.append(out.logits))
+    idx, targets = batch(97)
+    ce, penalty, psi = JregObjective(model, Config(jreg_lambda=1.0))(idx, targets)
+    assert seen == [None] and torch.isfinite(ce) and penalty.requires_grad
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_activation_checkpointing_gives_identical_losses_and_gradients(autocast):
+    torch.manual_seed(0)
+    model = Llama(tiny())
+    idx, targets = batch(97)
+    objective = JregObjective(model, Config(jreg_lambda=1.0))
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            ce, penalty, psi = objective(idx, targets)
+        (ce + penalty).backward()
+        return ce, penalty, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    ce, pen, grads = run()
+    model.checkpoint_blocks = True
+    ce2, pen2, grads2 = run()
+    assert torch.equal(ce, ce2) and torch.equal(pen, pen2)
+    assert all(torch.allclose(grads[n], grads2[n], rtol=0, atol=1e-6) for n in grads)
+    with torch.no_grad():                                       # evaluation: the plain forward, same numbers
+        assert torch.equal(model(idx, targets).loss, Llama.forward(model, idx, targets).loss)
+
+
+def step_peak(model, idx, targets, return_logits=False):
+    """Bytes allocated beyond what existed before, at the peak of one forward + backward of the JREG loss."""
+    def step():
+        out = model(idx, targets, return_logits=return_logits)
+        loss = out.loss + jreg_penalty(out.hidden_states, 1.0)
+        del out
+        loss.backward()
+    for p in model.parameters():                                 # gradients already allocated, as while accumulating
+        p.grad = torch.zeros_like(p)
+    return measured_peak(step)
+
+
+def peak_model():
+    torch.manual_seed(0)
+    mcfg = tiny(vocab_size=2048, d_model=64, n_head=4, ffn_hidden=128, n_layer=4, max_seq_len=64)
+    return Llama(mcfg), *batch(2048, B=4, T=64)
+
+
+def test_chunked_loss_lowers_the_measured_peak():
+    model, idx, targets = peak_model()
+    full = step_peak(model, idx, targets, return_logits=True)
+    model.loss_chunk = 32
+    chunked = step_peak(model, idx, targets)
+    assert full - chunked > 8 * idx.numel() * model.config.vocab_size      # the full loss holds ~12 bytes per logit
+
+
+def test_checkpointing_lowers_the_measured_peak():
+    model, idx, targets = peak_model()
+    model.loss_chunk = 32
+    plain = step_peak(model, idx, targets)
+    model.checkpoint_blocks = True
+    assert step_peak(model, idx, targets) < 0.6 * plain                    # the blocks' activations are most of it
+
+
+SHAPES = [  # (model shape, batch, seq_len): small enough to run in a second, large enough for the terms to dominate
+    (dict(vocab_size=1024, n_layer=3, n_head=4, n_kv_head=4, d_model=128, ffn_hidden=352, max_seq_len=128), 2, 128),
+    (dict(vocab_size=512, n_layer=4, n_head=4, n_kv_head=2, d_model=96, ffn_hidden=256, max_seq_len=96), 3, 96),
+]
+
+
+@pytest.mark.parametrize("shape,B,T", SHAPES)
+@pytest.mark.parametrize("mode", ["fp32", "autocast", "bf16"])
+@pytest.mark.parametrize("checkpointing,chunk", [(False, 0), (False, 64), (True, 64)])
+def test_estimate_matches_measured_activations_and_logits(shape, B, T, mode, checkpointing, chunk):
+    """bench.estimate's activations + logits terms within 15% of the peak torch.profiler measures on CPU:
+    fp32 (CPU), fp32 weights under bf16 autocast (DDP), bf16 weights (FSDP's param_dtype)."""
+    mcfg = LlamaConfig(**shape)
+    torch.manual_seed(0)
+    model = Llama(mcfg).to(torch.bfloat16 if mode == "bf16" else torch.float32)
+    model.rope_cos, model.rope_sin = rope_cache(mcfg)             # buffers stay fp32, as under FSDP's param_dtype
+    model.checkpoint_blocks, model.loss_chunk = checkpointing, chunk
+    idx, targets = batch(mcfg.vocab_size, B, T)
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode != "fp32"):
+            out = model(idx, targets, return_logits=not chunk)
+            loss = out.loss + jreg_penalty(out.hidden_states, 1.0)
+        del out                                                  # as JregObjective: nothing but the loss kept
+        loss.backward()
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    measured = measured_peak(step)
+    est = estimate(mcfg, B, T, mode=mode, checkpointing=checkpointing, loss_chunk=chunk, jreg=True)
+    predicted = est["activations"] + est["logits"]
+    assert abs(predicted / measured - 1) <= 0.15, (predicted, measured, est)
