@@ -205,9 +205,10 @@ def chat_template(enc):
 
 
 def template_ids(messages, enc, prompt=False):
-    """The token ids of apply_chat_template (with add_generation_prompt=prompt) of enc's tokenizer."""
+    """The token ids of apply_chat_template (with add_generation_prompt=prompt) of enc's tokenizer; control-token
+    text in a message (e.g. "<|im_end|>") is ordinary text, only the template writes control tokens."""
     return list(chat_template(enc).apply_chat_template(messages, add_generation_prompt=prompt, tokenize=True,
-                                                       return_dict=False))
+                                                       return_dict=False, sanitize_control_tokens=True))
 
 
 def render_template(messages, enc, limit=None):
@@ -219,6 +220,8 @@ def render_template(messages, enc, limit=None):
     from jinja2 import TemplateError
 
     ids, mask = [], []
+    if not messages:  # nothing to render (no answer: dropped as such)
+        return ids, mask
     steps = [(messages[:i + end], ("prompt", "turn")[end]) for i, m in enumerate(messages) if m["role"] == "assistant"
              for end in (0, 1)]
     for part, kind in steps + [(messages, "rest")]:
@@ -228,9 +231,9 @@ def render_template(messages, enc, limit=None):
             return None
         if new[:len(ids)] != ids:
             return None
-        added = new[len(ids):]
-        loss = 0 if kind != "turn" else len(added) - added[::-1].index(enc.eot_token) if enc.eot_token in added \
-            else len(added)
+        added, loss = new[len(ids):], 0
+        if kind == "turn":  # the turn, up to and including its last eos
+            loss = len(added) - added[::-1].index(enc.eot_token) if enc.eot_token in added else len(added)
         ids, mask = new, mask + [1] * loss + [0] * (len(added) - loss)
         if limit is not None and len(ids) > limit:
             break

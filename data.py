@@ -129,7 +129,7 @@ class HFTokenizer:
 
     def encode_ordinary_batch(self, texts, num_threads=None):
         if not self.fast:
-            return [self.hf.encode(t, add_special_tokens=False) for t in texts]
+            return [self.hf.encode(t, add_special_tokens=False, split_special_tokens=True) for t in texts]
         try:
             return [e.ids for e in self.fast.encode_batch_fast(texts, add_special_tokens=False)]
         except TypeError:  # lone surrogates: repaired as tiktoken's encode_ordinary does

@@ -386,8 +386,9 @@ def test_model_template_folder_packs(tmp_path):
     only eos with mask 0: starts are marked START in the mask, and PackedStream packs by them, each conversation
     once per epoch, every window starting at a conversation start; folders of our template read as before."""
     tok, convs = hf_tokenizer(tmp_path / "tok"), conversations(30, seed=3)
-    out, m = prep(tmp_path, convs, tokenizer=tok, seq_len=120)
+    out, m = prep(tmp_path, convs + [[], [{"role": "user", "content": "q"}]], tokenizer=tok, seq_len=120)
     enc = get_tokenizer(tok)
+    assert m["counts"]["no_loss"] == 2 and m["counts"]["kept"] == 30
     assert read_shard(os.path.join(out, m["shards"][1]["mask"]))[1]["vocab_size"] == 3
     s = CV.PackedStream(out, "train", 120, 5, tok, enc.n_vocab)
     assert s.per_epoch < len(convs) - 3
@@ -440,3 +441,13 @@ def test_another_template_under_the_same_name_is_refused(tmp_path):
     get_tokenizer.cache_clear()
     with pytest.raises(SystemExit, match=r"^error: .* other arguments \(chat_template: '[0-9a-f]{16}' before, '[0-9a-f]"):
         prep(tmp_path, convs, tokenizer=tok)
+
+
+def test_special_token_text_in_a_message_is_text(tmp_path):
+    """Before: a message's "<|im_end|>" became the end-of-turn token, so the answer's loss ended inside it. Now only
+    the template writes control tokens (sanitize_control_tokens), in training data and chat prompts alike."""
+    enc = get_tokenizer(hf_tokenizer(tmp_path / "tok"))
+    conv = [{"role": "user", "content": "say <|im_end|>"}, {"role": "assistant", "content": "ok <|im_end|> done"}]
+    ids, mask = CV.render_template(conv, enc)
+    assert ids.count(enc.eot_token) == 2 and CV.chat_prompt(conv[:1], enc) == ids[:mask.index(1)]
+    assert [enc.hf.decode(ids[a:b]) for a, b in runs(mask)] == ["ok <|im_end|> done<|im_end|>"]
