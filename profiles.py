@@ -15,7 +15,7 @@ from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from conversations import is_conversations, read_manifest
-from data import get_tokenizer, list_shards, read_shard
+from data import HFTokenizer, get_tokenizer, list_shards, read_shard, tokenizer_fingerprint
 from jreg import Profile
 from model import Llama
 
@@ -181,6 +181,12 @@ def shards_tokenizer(lm, source):
     if not files:
         raise SystemExit(f"error: --profile: {source} has no val shards")
     name, tok = read_shard(files[0])[1]["tokenizer"], lm.tokenizer
+    if name.startswith("hf:") and "#" in name:            # shards of a Hugging Face tokenizer: its fingerprint
+        mine = tokenizer_fingerprint(HFTokenizer(tok))[:16]
+        if mine == name.rsplit("#", 1)[1]:
+            return name
+        raise SystemExit(f"error: --profile: {source} holds tokens of {name}, but the tokenizer of {lm.name} has "
+                         f"another vocabulary (fingerprint {mine}); profile it on --text, which every model encodes itself")
     enc = get_tokenizer(name)
     ids = list(range(enc.n_vocab))
     if len(tok) < enc.n_vocab:

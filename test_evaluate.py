@@ -1063,3 +1063,24 @@ def test_hf_loading_failures_are_one_line_naming_the_model(case, tmp_path, data_
         E.main(["--hf", folder, *extra, "--tasks", "arc_easy", "--data_dir", data_dir])
     msg = str(e.value.code)
     assert msg.startswith("error: ") and said.format(folder=folder) in msg and "\n" not in msg, msg
+
+
+def test_hf_profile_of_shards_in_a_hugging_face_tokenizer(tmp_path):
+    """Shards written with an HF tokenizer (data.get_tokenizer("hf:DIR")) are profiled with a model of that tokenizer,
+    wherever its folder is, and refused for a model with another vocabulary."""
+    from test_prepare_fineweb import train_bpe
+    name = train_bpe(tmp_path / "bpe", docs=[GPT2_TEXT] * 4)
+    enc = D.get_tokenizer(name)
+    os.makedirs(shards := str(tmp_path / "shards"))
+    D.write_shard(os.path.join(shards, "val_000000.bin"), enc.encode_ordinary(GPT2_TEXT) * 4 + [enc.eot_token],
+                  tokenizer=enc, vocab_size=enc.n_vocab, eot_token=enc.eot_token)
+    D.write_manifest(shards, {"val_000000.bin": "val"})
+    for folder, bpe in (("same", name), ("other", train_bpe(tmp_path / "bpe2", vocab_size=300, docs=[GPT2_TEXT]))):
+        tiny_hf_llama(512).save_pretrained(str(tmp_path / folder))
+        D.get_tokenizer(bpe).hf.save_pretrained(str(tmp_path / folder))
+    out = tmp_path / "p.json"
+    E.main(["--hf", str(tmp_path / "same"), "--profile", "--shards", shards, "--seq_len", "16", "--profile_tokens", "32",
+            "--analysis_tokens", "0", "--out", str(out)])
+    assert json.loads(out.read_text())["profile"]["n_tokens"] == 32
+    with pytest.raises(SystemExit, match="error: --profile: .* holds tokens of hf:.*another vocabulary"):
+        E.main(["--hf", str(tmp_path / "other"), "--profile", "--shards", shards, "--seq_len", "16"])
