@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 from config import Config
 from generation import generate, generate_uncached
-from jreg import JregObjective
-from model import Llama, PRESETS
+from jreg import JregObjective, jreg_penalty
+from model import Llama, PRESETS, chunked_cross_entropy
 from runs import PEAK_FLOPS, check_device, peak_flops
 
 
@@ -38,10 +38,17 @@ def timed(fn, device):
     return time.perf_counter() - t0
 
 
-def measured_peak(fn):
-    """Peak CPU bytes allocated by fn() beyond what was allocated before it: the running sum of every allocation and
-    free torch.profiler records (profile_memory=True), in time order. Exact tensor bytes, free of the allocator's
-    caching and of RSS noise; a GPU's caching allocator adds its own rounding and fragmentation."""
+def measured_peak(fn, device=torch.device("cpu")):
+    """Peak bytes allocated by fn() beyond what was allocated before it. CUDA: max_memory_allocated. CPU: the running
+    sum of every allocation and free that torch.profiler records (profile_memory=True), in time order: exact tensor
+    bytes, free of the allocator's caching and of RSS noise."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
@@ -54,39 +61,46 @@ def measured_peak(fn):
     return peak
 
 
+COMPILED_BLOCK = 0.66   # a block's saved activations compiled / eager, torch.compile (inductor) measured on CPU
+
+
 def estimate(mcfg, micro_batch, seq_len, mode="autocast", checkpointing=False, loss_chunk=1024, jreg=True,
-             world=1, fsdp=False, grad_accum=1):
-    """Predicted peak bytes per process of one eager training step, by part. mode: fp32 | autocast (fp32 weights,
-    bf16 matmuls: DDP) | bf16 (bf16 weights and residual stream: FSDP's param_dtype, fp32 master shards).
-    loss_chunk 0: the full-logits loss. The activations are what autograd saves, at whichever moment holds the most:
-    the end of the forward pass, the start of the backward pass, or (checkpointing) a block's recomputation;
-    test_memory.py checks them against torch.profiler's peaks on CPU."""
+             compiled=False, world=1, fsdp=False, grad_accum=1):
+    """Predicted peak bytes per process of one training step, by part. mode: fp32 | autocast (fp32 weights, bf16
+    matmuls: train.py on a GPU, DDP and FSDP alike). loss_chunk 0: the full-logits loss. The activations are what
+    autograd saves, at whichever moment holds the most: the end of the forward pass (autocast's cache of bf16
+    weights still alive), the start of the backward pass, or (checkpointing) a block's recomputation; test_memory.py
+    checks them against torch.profiler's peaks on CPU (eager). compiled (from CPU inductor measurements): blocks keep
+    COMPILED_BLOCK of it and the bf16 weights, checkpointed or not; a full-logits loss ~2.5 bytes per logit."""
     L, d, f, V, n = mcfg.n_layer, mcfg.d_model, mcfg.ffn_hidden, mcfg.vocab_size, micro_batch * seq_len
     kv = mcfg.n_kv_head * mcfg.head_dim
     p_block = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * f
     p_top = V * d * (1 if mcfg.tie_embeddings else 2) + d
     P = L * p_block + p_top
-    r, c = (2, 2) if mode == "bf16" else (4, 4) if mode == "fp32" else (4, 2)      # residual, matmul bytes
-    # saved per token by a block: two RMSNorms (fp32 input, normalized, what the linears keep of the output: fp32 or
-    # bf16 once, or bf16 once per linear under autocast), rotated q and k, v, attention output; gate, silu, up, product
-    block = 2 * (4 + r) * d + {"fp32": 8, "autocast": 10, "bf16": 4}[mode] * d + c * (2 * d + 2 * kv) + 4 * c * f
-    top = (4 + r) * d + (4 if mode == "fp32" or loss_chunk else c) * d          # the final norm, its output for the head
-    kept = L * (r * d if checkpointing else block)   # checkpointing keeps each block's input only
-    streams = (L + 1) * r * d if jreg else 0        # the penalty's gradients of h_0..h_L, waiting for their block
-    fp32_streams = (L + 1) * 4 * d if jreg and r == 2 else 0    # the penalty's fp32 copies of bf16 streams
+    c = 4 if mode == "fp32" else 2                    # bytes of a matmul's input and output; the residual stream is fp32
+    # saved per token by a block: two RMSNorms (input, normalized, and the output: fp32 once, or its bf16 cast once per
+    # linear under autocast), rotated q and k, v, attention output; gate, silu, up, product
+    block = 16 * d + (8 if mode == "fp32" else 10) * d + c * (2 * d + 2 * kv) + 4 * c * f
+    block *= COMPILED_BLOCK if compiled else 1
+    top = 8 * d if loss_chunk else c * d + 8 * d       # the final norm; full loss: its output kept for the head
+    kept = L * (4 * d if checkpointing else block)   # checkpointing keeps each block's input only
+    streams = (L + 1) * 4 * d if jreg else 0        # the penalty's gradients of h_0..h_L, waiting for their block
     rows = min(loss_chunk, n) if loss_chunk else n
-    head_grads = 2 * (2 if mode == "bf16" else 4) * V * d if loss_chunk else 0   # the head's gradient, summed over chunks
-    copies = 2 * (L * p_block + V * d) if mode == "autocast" else 0               # autocast's bf16 weights (cached)
-    saved_copies = 2 * (L * p_block * (not checkpointing) + V * d * (not loss_chunk)) if mode == "autocast" else 0
+    # the loss: full, log-softmax and two gradients of every logit in fp32; chunked, one chunk's logits, the gradients
+    # (for the final hidden and the head: made in the forward pass, scaled in the backward), the head's partial sums
+    loss_fwd = (12 - c if loss_chunk else 8) * rows * V + ((4 + 2 * c) * V * d + 4 * n * d if loss_chunk else 0)
+    loss_bwd = 8 * (n + V) * d if loss_chunk else (2.5 if compiled else 12) * n * V
+    copies = 2 * (L * p_block + V * d) if c == 2 else 0                 # autocast's cached bf16 weights
+    saved_copies = 2 * (L * p_block * (compiled or not checkpointing) + V * d * (not loss_chunk)) if c == 2 else 0
     phases = {  # (activations, logits)
-        "forward": (n * (kept + top + fp32_streams) + copies, 8 * rows * V),
-        "backward": (n * (kept + top + streams) + saved_copies, 12 * rows * V + head_grads)}
+        "forward": (n * (kept + top) + copies, loss_fwd),
+        "backward": (n * (kept + top + streams) + saved_copies, loss_bwd)}
     if checkpointing:                                 # one block recomputed, its gradients in flight
         phases["recompute"] = (n * (kept + streams + block + 2 * c * f) + 2 * p_block * (mode == "autocast"), 0)
     activations, logits = max(phases.values(), key=sum)
     shard = world if fsdp else 1
-    weights = 4 * P / shard + (2 * (p_top + 2 * p_block) if fsdp else 0)  # FSDP: bf16 root and two blocks all-gathered
-    parts = dict(weights=weights, gradients=4 * P / shard, optimizer=8 * P / shard,   # AdamW: two fp32 moments
+    parts = dict(weights=4 * P / shard + (4 * (p_top + 2 * p_block) if fsdp else 0),  # FSDP: root, 2 blocks gathered
+                 gradients=4 * P / shard, optimizer=8 * P / shard,                       # AdamW: two fp32 moments
                  # DDP: its fp32 gradient buckets; FSDP accumulating micro-batches: the unsharded fp32 gradients
                  buffers=4 * P if not fsdp or grad_accum > 1 else 0, activations=activations, logits=logits)
     return {**parts, "total": sum(parts.values())}
@@ -125,13 +139,114 @@ def bench_generation(model, args):
     print(f"speed-up of the cache: {t['uncached'] / t['cached']:.2f}x; same tokens: {same}")
 
 
+def bench_memory(mcfg, device, args):
+    """--memory_probe: measured peaks beside estimate()'s, and step times, of one λ = 1 training step (forward +
+    backward, gradients already allocated): the full-logits loss vs the chunked one, blocks stored vs checkpointed."""
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
+    mode, n = ("autocast" if args.dtype == "bfloat16" else "fp32"), args.micro_batch * args.seq_len
+    torch.manual_seed(0)
+    x, y = (torch.randint(0, mcfg.vocab_size, (args.micro_batch, args.seq_len), device=device) for _ in "xy")
+    model = Llama(mcfg).to(device)
+    model.loss_chunk = args.loss_chunk
+    run = torch.compile(model) if args.compile else model
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+
+    def step(return_logits):
+        def fn():
+            with autocast:
+                out = run(x, y, return_logits=return_logits)
+                loss = out.loss + jreg_penalty(out.hidden_states, 1.0)          # as JregObjective, λ = 1
+            del out
+            loss.backward()
+        return fn
+
+    print(f"memory probe {args.preset}: {mcfg.n_layer} layers, d={mcfg.d_model}, vocab {mcfg.vocab_size} | batch "
+          f"{args.micro_batch}x{args.seq_len} | {device} {args.dtype} | compile={bool(args.compile)} | peaks: "
+          f"{'max_memory_allocated' if device.type == 'cuda' else 'torch.profiler'}, beyond weights and gradients")
+    h = torch.randn(args.micro_batch, args.seq_len, mcfg.d_model, device=device, requires_grad=True)
+    per_logit = {}
+    for name, loss in (("full", lambda: F.cross_entropy(model.lm_head(h).float().flatten(0, 1), y.view(-1))),
+                       ("chunked", lambda: chunked_cross_entropy(h, model.lm_head.weight, y, model.loss_chunk))):
+        def loss_step():
+            with autocast:
+                value = loss()
+            value.backward()
+        loss_step()
+        per_logit[name] = measured_peak(loss_step, device) / (n * mcfg.vocab_size)
+    print(f"the loss alone (head, cross-entropy, forward + backward): {per_logit['full']:.2f} bytes per logit full, "
+          f"{per_logit['chunked']:.2f} chunked ({model.loss_chunk} positions a chunk)")
+    variants = {"full logits": (True, False), "chunked loss": (False, False), "chunked + checkpointing": (False, True)}
+    fns = {}
+    print(f"{'training step':24s} {'peak MB':>9s} {'estimate MB':>12s} {'est/meas':>9s}")
+    for name, (full, ckpt) in variants.items():
+        model.checkpoint_blocks = ckpt
+        fns[name] = fn = step(full)
+        fn()                                                              # warm-up (and compilation)
+        peak = measured_peak(fn, device)
+        e = estimate(mcfg, args.micro_batch, args.seq_len, mode, ckpt, 0 if full else model.loss_chunk,
+                     compiled=bool(args.compile))
+        predicted = e["activations"] + e["logits"]
+        print(f"{name:24s} {peak / 1e6:9.1f} {predicted / 1e6:12.1f} {predicted / peak:9.3f}")
+    times = {}
+    for name, (full, ckpt) in variants.items():                          # one variant at a time: the flag is global
+        model.checkpoint_blocks = ckpt
+        times.update(race({name: fns[name]}, device, args.warmup, args.repeats))
+    t = times
+    print(f"step time: full {1e3 * t['full logits']:.1f} ms, chunked {1e3 * t['chunked loss']:.1f} ms "
+          f"(chunked / full = {t['chunked loss'] / t['full logits']:.3f}), checkpointed "
+          f"{1e3 * t['chunked + checkpointing']:.1f} ms ({t['chunked + checkpointing'] / t['chunked loss']:.3f}x)")
+
+
+def memory_table(args):
+    """--memory CONFIG.py ...: the predicted peak per GPU of each config's training step, by part, in the mode it runs
+    (its fsdp, compile, activation_checkpointing, micro_batch) unless --fsdp/--compile/--checkpointing say otherwise."""
+    from config import load_config, model_config
+    gib = 2 ** 30
+    print(f"predicted peak per GPU, GiB ({args.world} processes; {args.gpu_gib} GiB a GPU; needed: 10% margin). "
+          f"Not counted: CUDA context, NCCL buffers, compile workspace, allocator fragmentation.")
+    cols = ("weights", "gradients", "optimizer", "buffers", "activations", "logits")
+    print(f"{'config':26s} {'mode':18s} {'micro':>5s} {'accum':>5s} " + " ".join(f"{c[:7]:>7s}" for c in cols)
+          + f" {'total':>7s} {'margin':>7s}")
+    for path in args.memory:
+        cfg = load_config([path])
+        mcfg = model_config(cfg)
+        fsdp, compiled, ckpt = (cfg_or(getattr(args, k), getattr(cfg, a, False)) for k, a in
+                                (("fsdp", "fsdp"), ("compile", "compile"), ("checkpointing", "activation_checkpointing")))
+        mode = "fp32" if cfg.dtype == "float32" else "autocast"
+
+        def total(micro_batch, ckpt):
+            accum = cfg.batch_tokens // (cfg.seq_len * micro_batch * args.world)
+            return estimate(mcfg, micro_batch, cfg.seq_len, mode, ckpt, compiled=compiled, jreg=cfg.jreg_lambda > 0,
+                            world=args.world, fsdp=fsdp, grad_accum=accum), accum
+        est, accum = total(cfg.micro_batch, ckpt)
+        if accum * cfg.seq_len * cfg.micro_batch * args.world != cfg.batch_tokens:
+            raise SystemExit(f"error: {path}: batch_tokens {cfg.batch_tokens} is not a multiple of seq_len · "
+                             f"micro_batch · world = {cfg.seq_len} · {cfg.micro_batch} · {args.world}")
+        margin = 1 - est["total"] / (args.gpu_gib * gib)
+        how = f"{'FSDP' if fsdp else 'DDP'} {'compiled' if compiled else 'eager'}{' ckpt' if ckpt else ''}"
+        print(f"{path:26s} {how:18s} {cfg.micro_batch:5d} {accum:5d} " + " ".join(f"{est[c] / gib:7.2f}" for c in cols)
+              + f" {est['total'] / gib:7.2f} {100 * margin:6.0f}%")
+        if margin < 0.1:                                  # what would fit: checkpointing, or a smaller micro-batch
+            fits = [f"activation_checkpointing=True ({total(cfg.micro_batch, True)[0]['total'] / gib:.1f} GiB)"] \
+                if not ckpt else []
+            fits += [f"micro_batch={m} ({total(m, ckpt)[0]['total'] / gib:.1f} GiB)" for m in range(cfg.micro_batch - 1, 0, -1)
+                     if cfg.micro_batch % m == 0 and total(m, ckpt)[0]["total"] <= 0.9 * args.gpu_gib * gib][:1]
+            print(f"  {path}: under 10% margin; needs {' or '.join(fits) or 'more GPUs (FSDP) or a shorter seq_len'}")
+
+
+def cfg_or(flag, setting):
+    return setting if flag is None else flag
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="small", choices=sorted(PRESETS))
     p.add_argument("--vocab_size", type=int, default=None, help="override the preset's vocabulary")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="autocast dtype")
-    p.add_argument("--compile", action="store_true")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile (--memory: default, each config's setting)")
     p.add_argument("--micro_batch", type=int, default=4)
     p.add_argument("--seq_len", type=int, default=256)
     p.add_argument("--warmup", type=int, default=3)
@@ -140,9 +255,19 @@ def parse_args(argv=None):
     p.add_argument("--generate", action="store_true", help="generation instead: KV cache vs recomputation")
     p.add_argument("--prompt_len", type=int, default=128, help="--generate: prompt tokens")
     p.add_argument("--max_new_tokens", type=int, default=64, help="--generate: new tokens per row")
+    p.add_argument("--memory_probe", action="store_true", help="peak memory and step time: full vs chunked loss, "
+                   "blocks stored vs checkpointed, measured beside the estimate")
+    p.add_argument("--memory", nargs="+", metavar="CONFIG.py", help="the predicted peak per GPU of these configs")
+    p.add_argument("--world", type=int, default=8, help="--memory: processes (GPUs)")
+    p.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=None, help="--memory: default, the config's")
+    p.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=None,
+                   help="--memory: activation checkpointing (default, the config's)")
+    p.add_argument("--gpu_gib", type=float, default=79.6, help="--memory: a GPU's memory (an 80 GB H100: 79.6 GiB)")
+    p.add_argument("--loss_chunk", type=int, default=1024, help="--memory_probe: positions per chunk of the loss")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     args = p.parse_args(argv)
     for name, low in (("micro_batch", 1), ("seq_len", 1), ("repeats", 1), ("warmup", 0), ("vocab_size", 1),
-                      ("prompt_len", 1), ("max_new_tokens", 1)):
+                      ("prompt_len", 1), ("max_new_tokens", 1), ("world", 1), ("threads", 0), ("loss_chunk", 1)):
         if getattr(args, name) is not None and getattr(args, name) < low:
             raise SystemExit(f"error: --{name} must be at least {low}, got {getattr(args, name)}")
     return args
@@ -225,6 +350,10 @@ def bench_training(mcfg, device, args):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memory:
+        return memory_table(args)
     device = torch.device(check_device(args.device))
     torch.backends.cuda.matmul.allow_tf32 = True
     mcfg = PRESETS[args.preset]
@@ -233,6 +362,8 @@ def main(argv=None):
     torch.manual_seed(0)
     if args.generate:
         return bench_generation(Llama(mcfg).to(device).eval(), args)
+    if args.memory_probe:
+        return bench_memory(mcfg, device, args)
     bench_training(mcfg, device, args)
 
 

@@ -166,13 +166,65 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-def chunked_cross_entropy(hidden, head, targets, rows):
-    """Mean cross-entropy over targets != -1 of head(hidden), `rows` positions at a time. Each chunk's logits (head
-    matmul, fp32 upcast, loss) are recomputed in the backward pass instead of kept, so only one chunk's exist at a
-    time, forward and backward: memory O(rows · vocab) instead of O(B · T · vocab)."""
+def loss_chunk(h, weight, t, dtype, grads):
+    """One chunk of positions: the sum of its cross-entropy over targets != -1 and, with grads, its gradients for h
+    and the weight (d(loss)/d(logits) = softmax - one-hot); its logits die here. dtype: the matmuls' gradient dtype."""
+    logits, real, t = F.linear(h, weight).float(), (t != -1).float()[:, None], t.clamp(min=0)[:, None]
+    lse = logits.logsumexp(-1, keepdim=True)
+    loss = ((lse - logits.gather(1, t)) * real).sum()
+    if not grads:
+        return loss, None, None
+    g = (logits.sub_(lse).exp_().scatter_add_(1, t, -real) * real).to(dtype)
+    return loss, g @ weight, g.t() @ h
+
+
+class ChunkedCrossEntropy(torch.autograd.Function):
+    """Sum of the cross-entropy over targets != -1 of hidden @ weight.T ([N, d], [V, d], [N]), `rows` positions at a
+    time through `step` (loss_chunk, or it compiled): each chunk's gradients are made in the forward pass and summed
+    in place, so one chunk's logits exist at a time (the same three matmuls as an unchunked loss, no recomputation)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, rows, grads, step):
+        device = hidden.device.type                      # the matmuls' dtype: autocast's, or the inputs'
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        total = 0.0
+        if grads:
+            grad_h, grad_w = torch.empty_like(hidden), torch.zeros_like(weight, dtype=torch.float32)
+        for start in range(0, hidden.size(0), rows):
+            loss, gh, gw = step(hidden[start:start + rows], weight, targets[start:start + rows], dtype, grads)
+            total = total + loss
+            if grads:
+                grad_h[start:start + rows] = gh
+                grad_w += gw
+        ctx.save_for_backward(*((grad_h, grad_w.to(weight.dtype)) if grads else ()))
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        grad_h, grad_w = ctx.saved_tensors
+        return grad_h * grad_total, grad_w * grad_total, None, None, None, None
+
+
+@torch.compiler.disable
+def compiled_chunks(*args):
+    """Inside torch.compile: the loop over chunks stays out of the graph (inductor would fuse the chunks' gradient
+    sums into one kernel that needs every chunk's partial sums at once); each chunk runs compiled."""
+    global compiled_loss_chunk
+    if compiled_loss_chunk is None:
+        compiled_loss_chunk = torch.compile(loss_chunk)
+    return ChunkedCrossEntropy.apply(*args, compiled_loss_chunk)
+
+
+compiled_loss_chunk = None
+
+
+def chunked_cross_entropy(hidden, weight, targets, rows):
+    """Mean cross-entropy over targets != -1 of the logits hidden @ weight.T, without ever holding more than `rows`
+    positions' logits: memory O(rows · vocab) instead of O(B · T · vocab), eager or compiled."""
     hidden, targets = hidden.flatten(0, 1), targets.reshape(-1)
-    part = lambda h, t: F.cross_entropy(head(h).float(), t, ignore_index=-1, reduction="sum")
-    total = sum(checkpoint(part, h, t, use_reentrant=False) for h, t in zip(hidden.split(rows), targets.split(rows)))
+    grads = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    args = (hidden, weight, targets, rows, grads)
+    total = compiled_chunks(*args) if torch.compiler.is_compiling() else ChunkedCrossEntropy.apply(*args, loss_chunk)
     return total / (targets != -1).sum()
 
 
@@ -238,7 +290,7 @@ class Llama(nn.Module):
         if targets is not None and logits is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1)
         elif targets is not None:
-            loss = chunked_cross_entropy(final_hidden, self.lm_head, targets, self.loss_chunk)
+            loss = chunked_cross_entropy(final_hidden, self.lm_head.weight, targets, self.loss_chunk)
         return LlamaOutput(logits, loss, hidden_states, final_hidden)
 
     # ---- accounting -------------------------------------------------------------------------------------
