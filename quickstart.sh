@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Quick start: a real baseline-vs-JREG experiment on CPU, offline, in about 15 minutes on 2 cores.
+# Quick start: a real baseline-vs-JREG experiment on CPU, offline, in about 11 minutes on an idle 2-core CPU.
 #   1. installs the CPU requirements and a public-domain corpus (the King James Bible, as JSON lines);
 #   2. prepares it into byte-level token shards with prepare_fineweb.py;
 #   3. trains an 8-layer Llama baseline (configs/kjv.py) and the same model with JREG (configs/kjv_jreg.py);
 #   4. profiles both with evaluate.py and prints the comparison; plots go to out/quickstart/.
+# The digits it ends with, and how far another CPU or thread count moves them: docs/reproduction.md.
 # With the network, the same steps run on FineWeb-edu: see README, "Full-scale runs".
 set -euo pipefail
 cd "$(dirname "$0")"
