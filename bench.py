@@ -28,14 +28,17 @@ from model import Llama, PRESETS, chunked_cross_entropy
 from runs import PEAK_FLOPS, check_device, peak_flops
 
 
+CLOCK = time.perf_counter      # --cpu_time: time.process_time, this process's CPU seconds (a machine shared)
+
+
 def timed(fn, device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter() - t0
+    return CLOCK() - t0
 
 
 def measured_peak(fn, device=torch.device("cpu")):
@@ -228,10 +231,11 @@ def memory_table(args):
         print(f"{path:26s} {how:18s} {cfg.micro_batch:5d} {accum:5d} " + " ".join(f"{est[c] / gib:7.2f}" for c in cols)
               + f" {est['total'] / gib:7.2f} {100 * margin:6.0f}%")
         if margin < 0.1:                                  # what would fit: checkpointing, or a smaller micro-batch
+            fit = lambda m, c: total(m, c)[0]["total"] <= 0.9 * args.gpu_gib * gib
             fits = [f"activation_checkpointing=True ({total(cfg.micro_batch, True)[0]['total'] / gib:.1f} GiB)"] \
-                if not ckpt else []
+                if not ckpt and fit(cfg.micro_batch, True) else []
             fits += [f"micro_batch={m} ({total(m, ckpt)[0]['total'] / gib:.1f} GiB)" for m in range(cfg.micro_batch - 1, 0, -1)
-                     if cfg.micro_batch % m == 0 and total(m, ckpt)[0]["total"] <= 0.9 * args.gpu_gib * gib][:1]
+                     if cfg.micro_batch % m == 0 and fit(m, ckpt)][:1]
             print(f"  {path}: under 10% margin; needs {' or '.join(fits) or 'more GPUs (FSDP) or a shorter seq_len'}")
 
 
@@ -265,6 +269,8 @@ def parse_args(argv=None):
     p.add_argument("--gpu_gib", type=float, default=79.6, help="--memory: a GPU's memory (an 80 GB H100: 79.6 GiB)")
     p.add_argument("--loss_chunk", type=int, default=1024, help="--memory_probe: positions per chunk of the loss")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    p.add_argument("--cpu_time", action="store_true", help="time this process's CPU seconds, not wall seconds "
+                   "(on a machine shared with other work; with --threads 1)")
     args = p.parse_args(argv)
     for name, low in (("micro_batch", 1), ("seq_len", 1), ("repeats", 1), ("warmup", 0), ("vocab_size", 1),
                       ("prompt_len", 1), ("max_new_tokens", 1), ("world", 1), ("threads", 0), ("loss_chunk", 1)):
@@ -303,7 +309,7 @@ def bench_training(mcfg, device, args):
         return model, loss
 
     print(f"{args.preset}: {mcfg.n_layer} layers, d={mcfg.d_model}, vocab {mcfg.vocab_size} | batch "
-          f"{args.micro_batch}x{args.seq_len} | {device} {args.dtype} | compile={args.compile} | torch {torch.__version__}")
+          f"{args.micro_batch}x{args.seq_len} | {device} {args.dtype} | compile={bool(args.compile)} | torch {torch.__version__}")
 
     # 1 + 2: training steps
     base_model, base_loss = objective(0.0)
@@ -352,6 +358,8 @@ def main(argv=None):
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    global CLOCK
+    CLOCK = time.process_time if args.cpu_time else time.perf_counter
     if args.memory:
         return memory_table(args)
     device = torch.device(check_device(args.device))
