@@ -74,7 +74,7 @@ def estimate(mcfg, micro_batch, seq_len, mode="autocast", checkpointing=False, l
     autograd saves, at whichever moment holds the most: the end of the forward pass (autocast's cache of bf16
     weights still alive), the start of the backward pass, or (checkpointing) a block's recomputation; test_memory.py
     checks them against torch.profiler's peaks on CPU (eager). compiled (from CPU inductor measurements): blocks keep
-    COMPILED_BLOCK of it and the bf16 weights, checkpointed or not; a full-logits loss ~2.5 bytes per logit."""
+    COMPILED_BLOCK of it, a full-logits loss ~2.5 bytes per logit."""
     L, d, f, V, n = mcfg.n_layer, mcfg.d_model, mcfg.ffn_hidden, mcfg.vocab_size, micro_batch * seq_len
     kv = mcfg.n_kv_head * mcfg.head_dim
     p_block = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * f
@@ -94,7 +94,7 @@ def estimate(mcfg, micro_batch, seq_len, mode="autocast", checkpointing=False, l
     loss_fwd = (12 - c if loss_chunk else 8) * rows * V + ((4 + 2 * c) * V * d + 4 * n * d if loss_chunk else 0)
     loss_bwd = 8 * (n + V) * d if loss_chunk else (2.5 if compiled else 12) * n * V
     copies = 2 * (L * p_block + V * d) if c == 2 else 0                 # autocast's cached bf16 weights
-    saved_copies = 2 * (L * p_block * (compiled or not checkpointing) + V * d * (not loss_chunk)) if c == 2 else 0
+    saved_copies = 2 * (L * p_block * (not checkpointing) + V * d * (not loss_chunk)) if c == 2 else 0
     phases = {  # (activations, logits)
         "forward": (n * (kept + top) + copies, loss_fwd),
         "backward": (n * (kept + top + streams) + saved_copies, loss_bwd)}

@@ -19,8 +19,8 @@ F.scaled_dot_product_attention, SwiGLU MLP, no biases, final RMSNorm, LM head. N
         forward is exactly the training forward (causal attention over idx, positions 0..T-1).
 
 The streams are the tensors autograd keeps for the backward pass anyway, so returning them is free.
-model.checkpoint_blocks = True (activation checkpointing) keeps only them of each block when training and recomputes
-the rest in the backward pass: the same numbers, a fraction of the memory, about one more forward of compute.
+model.checkpoint_blocks = True (activation checkpointing): in training, each block keeps only its input stream and
+recomputes the rest in the backward pass: the same numbers, a fraction of the memory, about one more forward's compute.
 Llama.from_hf / Llama.to_hf convert to and from transformers' LlamaForCausalLM (imported only there).
 """
 import math
@@ -166,7 +166,7 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-def loss_chunk(h, weight, t, dtype, grads):
+def cross_entropy_chunk(h, weight, t, dtype, grads):
     """One chunk of positions: the sum of its cross-entropy over targets != -1 and, with grads, its gradients for h
     and the weight (d(loss)/d(logits) = softmax - one-hot); its logits die here. dtype: the matmuls' gradient dtype."""
     logits, real, t = F.linear(h, weight).float(), (t != -1).float()[:, None], t.clamp(min=0)[:, None]
@@ -180,7 +180,7 @@ def loss_chunk(h, weight, t, dtype, grads):
 
 class ChunkedCrossEntropy(torch.autograd.Function):
     """Sum of the cross-entropy over targets != -1 of hidden @ weight.T ([N, d], [V, d], [N]), `rows` positions at a
-    time through `step` (loss_chunk, or it compiled): each chunk's gradients are made in the forward pass and summed
+    time through `step` (cross_entropy_chunk, or it compiled): each chunk's gradients are made in the forward pass and summed
     in place, so one chunk's logits exist at a time (the same three matmuls as an unchunked loss, no recomputation)."""
 
     @staticmethod
@@ -209,13 +209,13 @@ class ChunkedCrossEntropy(torch.autograd.Function):
 def compiled_chunks(*args):
     """Inside torch.compile: the loop over chunks stays out of the graph (inductor would fuse the chunks' gradient
     sums into one kernel that needs every chunk's partial sums at once); each chunk runs compiled."""
-    global compiled_loss_chunk
-    if compiled_loss_chunk is None:
-        compiled_loss_chunk = torch.compile(loss_chunk)
-    return ChunkedCrossEntropy.apply(*args, compiled_loss_chunk)
+    global compiled_chunk
+    if compiled_chunk is None:
+        compiled_chunk = torch.compile(cross_entropy_chunk)
+    return ChunkedCrossEntropy.apply(*args, compiled_chunk)
 
 
-compiled_loss_chunk = None
+compiled_chunk = None
 
 
 def chunked_cross_entropy(hidden, weight, targets, rows):
@@ -224,7 +224,7 @@ def chunked_cross_entropy(hidden, weight, targets, rows):
     hidden, targets = hidden.flatten(0, 1), targets.reshape(-1)
     grads = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     args = (hidden, weight, targets, rows, grads)
-    total = compiled_chunks(*args) if torch.compiler.is_compiling() else ChunkedCrossEntropy.apply(*args, loss_chunk)
+    total = compiled_chunks(*args) if torch.compiler.is_compiling() else ChunkedCrossEntropy.apply(*args, cross_entropy_chunk)
     return total / (targets != -1).sum()
 
 
