@@ -88,18 +88,18 @@ def estimate(mcfg, micro_batch, seq_len, mode="autocast", checkpointing=False, l
     top = 8 * d if loss_chunk else c * d + 8 * d       # the final norm; full loss: its output kept for the head
     kept = L * (4 * d if checkpointing else block)   # checkpointing keeps each block's input only
     streams = (L + 1) * 4 * d if jreg else 0        # the penalty's gradients of h_0..h_L, waiting for their block
-    rows = min(loss_chunk, n) if loss_chunk else n
-    # the loss: full, log-softmax and two gradients of every logit in fp32; chunked, one chunk's logits, the gradients
-    # (for the final hidden and the head: made in the forward pass, scaled in the backward), the head's partial sums
-    loss_fwd = (12 - c if loss_chunk else 8) * rows * V + ((4 + 2 * c) * V * d + 4 * n * d if loss_chunk else 0)
-    loss_bwd = 8 * (n + V) * d if loss_chunk else (2.5 if compiled else 12) * n * V
+    rows = min(loss_chunk, n)
+    if loss_chunk:   # one chunk's logits; the gradients for the final hidden and the head (made in the forward pass,
+        loss_fwd, loss_bwd = (12 - c) * rows * V + (4 + 2 * c) * V * d + 4 * n * d, 8 * (n + V) * d   # then scaled)
+    else:            # log-softmax and two gradients of every logit in fp32 (compiled: ~2.5 bytes a logit)
+        loss_fwd, loss_bwd = (2.5 if compiled else 8) * n * V, (2.5 if compiled else 12) * n * V
     copies = 2 * (L * p_block + V * d) if c == 2 else 0                 # autocast's cached bf16 weights
     saved_copies = 2 * (L * p_block * (not checkpointing) + V * d * (not loss_chunk)) if c == 2 else 0
     phases = {  # (activations, logits)
         "forward": (n * (kept + top) + copies, loss_fwd),
         "backward": (n * (kept + top + streams) + saved_copies, loss_bwd)}
     if checkpointing:                                 # one block recomputed, its gradients in flight
-        phases["recompute"] = (n * (kept + streams + block + 2 * c * f) + 2 * p_block * (mode == "autocast"), 0)
+        phases["recompute"] = (n * (kept + streams + block + 2 * c * f) + 2 * p_block * (c == 2), 0)
     activations, logits = max(phases.values(), key=sum)
     shard = world if fsdp else 1
     parts = dict(weights=4 * P / shard + (4 * (p_top + 2 * p_block) if fsdp else 0),  # FSDP: root, 2 blocks gathered
