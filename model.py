@@ -229,7 +229,7 @@ def chunked_cross_entropy(hidden, weight, targets, rows):
 
 
 class LlamaOutput(NamedTuple):
-    logits: torch.Tensor
+    logits: Optional[torch.Tensor]                 # None with return_logits=False
     loss: Optional[torch.Tensor]
     hidden_states: list
     final_hidden: torch.Tensor
