@@ -5,6 +5,10 @@ Speed, measured side by side in one run (ratios, not absolute claims). Random to
     python bench.py --preset 170m --device cuda --compile --dtype bfloat16 --micro_batch 16 --seq_len 2048
                                                       # the GPU check: tok/s and MFU, λ = 0 vs λ = 1
     python bench.py --generate --micro_batch 1 --prompt_len 128   # generation: KV cache vs recomputation
+    python bench.py --memory_probe --loss_chunk 128   # peak memory, measured beside estimate(): full vs chunked loss,
+                                                      # blocks stored vs checkpointed; and their step times
+    python bench.py --memory configs/1b_jreg.py --world 8 [--fsdp] [--compile] [--checkpointing]
+                                                      # the predicted peak per GPU of a config, by part
 
 It times, interleaving the contenders so that machine noise hits all of them alike (median of --repeats):
   1. forward + backward: our Llama vs transformers' LlamaForCausalLM with the same weights (skipped without
