@@ -29,6 +29,7 @@ import sys
 import torch
 
 from conversations import HEADERS, prompt_ids, render
+from data import HFTokenizer, tokenizer_tag
 from runs import load_run
 
 
@@ -99,15 +100,17 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
     if model.config.vocab_size < enc.n_vocab:
         raise SystemExit(f"error: the model's vocabulary ({model.config.vocab_size}) is smaller than that of "
                          f"tokenizer {enc.name!r} ({enc.n_vocab})")
-    tok = hf_tokenizer(enc, model.config.max_seq_len)
+    own = isinstance(enc, HFTokenizer)           # a model's own tokenizer (e.g. a retrofit): written back as it was
+    tok = enc.hf if own else hf_tokenizer(enc, model.config.max_seq_len)
     hf = model.to_hf()
-    ids = {"bos_token_id": enc.eot_token, "eos_token_id": enc.eot_token, "pad_token_id": enc.eot_token}
+    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
+           "pad_token_id": tok.eos_token_id if tok.pad_token_id is None else tok.pad_token_id}
     for k, v in ids.items():
         setattr(hf.config, k, v)
     hf.generation_config = GenerationConfig(**ids)
     cfg = meta["config"]
     provenance = {"source": os.path.abspath(run_dir), "checkpoint": os.path.basename(meta["checkpoint"]),
-                  "step": meta["step"], "tokens": meta["tokens"], "tokenizer": enc.name, "dtype": dtype,
+                  "step": meta["step"], "tokens": meta["tokens"], "tokenizer": tokenizer_tag(enc), "dtype": dtype,
                   "init_from": cfg.get("init_from", ""), "data_dir": cfg.get("data_dir"),
                   "jreg": {k: v for k, v in cfg.items() if k.startswith("jreg_")}}
     parent, name = os.path.dirname(out) or ".", os.path.basename(out)
@@ -119,8 +122,8 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
         hf.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         # also for readers on transformers 4.x: the tokenizer's class, the template and two settings under older keys
-        for file, fields in (("tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
-                                                        "chat_template": CHAT_TEMPLATE}),
+        for file, fields in (("tokenizer_config.json", {} if own else {"tokenizer_class": "PreTrainedTokenizerFast",
+                                                                      "chat_template": CHAT_TEMPLATE}),
                              ("config.json", {"rope_theta": model.config.rope_theta, "torch_dtype": dtype}),
                              ("jreg.json", provenance)):
             path = os.path.join(tmp, file)

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from config import BEFORE, RESUMABLE, fail, model_config
-from data import HFTokenizer, get_tokenizer
+from data import HFTokenizer, get_tokenizer, tokenizer_fingerprint
 from model import Llama, LlamaConfig
 
 
@@ -107,31 +107,41 @@ def init_weights(spec, tokenizer):
 
 
 def init_weights_hf(name, tokenizer):
-    """A Hugging Face Llama (a hub name or a local folder) through Llama.from_hf; each way it can fail is one line.
-    If it ships a tokenizer, that must encode text as `tokenizer` does."""
+    """A Hugging Face Llama (a hub name, a local folder or DIR/FILE.gguf) through Llama.from_hf; each way it can fail is
+    one line. If it ships a tokenizer, that must be the data's `tokenizer`: for a Hugging Face one the same vocabulary
+    fingerprint (data.tokenizer_fingerprint, which the shards' headers carry), for a tiktoken one the same ids of a
+    probe text."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    where, local = f"init_from 'hf:{name}'", os.path.isdir(name)
+    where, local = f"init_from 'hf:{name}'", os.path.exists(name)
+    path, gguf = os.path.split(name) if name.lower().endswith(".gguf") else (name, None)
+    kwargs = _hf_kwargs(gguf)
     why = lambda e: f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"   # noqa: E731
-    if not local and (name.startswith((".", "/", "~")) or name.count("/") > 1):
-        fail(f"{where}: no such folder")
+    if not local and (gguf or name.startswith((".", "/", "~")) or name.count("/") > 1):
+        fail(f"{where}: no such {'GGUF file' if gguf else 'folder'}")
     try:
-        model_type = AutoConfig.from_pretrained(name).model_type
+        model_type = AutoConfig.from_pretrained(path, **kwargs).model_type
     except Exception as e:
         fail(f"{where}: cannot load its config ({why(e)})" + ("" if local else
              "; a hub name needs the network or a cached copy: offline, download it first or give a local folder"))
     if model_type != "llama":
         fail(f"{where} is a {model_type} model, not a Llama (the architecture this project trains)")
     try:
-        hf = Llama.from_hf(AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32))
+        hf = Llama.from_hf(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs))
     except Exception as e:
         fail(f"{where}: cannot load the model ({why(e)})")
     try:
-        hf_tokenizer = AutoTokenizer.from_pretrained(name)
+        hf_tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     except Exception:
         print(f"note: {where} ships no tokenizer; its vocabulary is taken to be tokenizer {tokenizer!r}'s")
     else:
-        probe = "Final-layer jumps: Ψ and ζ over 12 layers, 2026.\n"
-        if hf_tokenizer.encode(probe, add_special_tokens=False) != get_tokenizer(tokenizer).encode_ordinary(probe):
+        data = get_tokenizer(tokenizer)
+        if isinstance(data, HFTokenizer):
+            theirs, ours = tokenizer_fingerprint(HFTokenizer(hf_tokenizer)), tokenizer_fingerprint(data)
+            if theirs != ours:
+                fail(f"{where} has another tokenizer than {tokenizer!r} (the data's): vocabulary fingerprints "
+                     f"{theirs[:16]} and {ours[:16]}; prepare the data with --tokenizer hf:{name}")
+        elif hf_tokenizer.encode(probe := "Final-layer jumps: Ψ and ζ over 12 layers, 2026.\n",
+                                 add_special_tokens=False) != data.encode_ordinary(probe):
             fail(f"{where} has another tokenizer than {tokenizer!r} (the data's): it encodes text differently")
     return hf.state_dict(), hf.config
 
@@ -247,14 +257,17 @@ def checkpoint_path(run_dir, step=None):
 
 def load_run(run_dir, step=None, device="cpu", dtype=torch.float32, tokenizer=None):
     """(model, tokenizer, meta) of the latest checkpoint of a run folder, or of `step`; train.py's checkpoint format.
-    tokenizer: a tiktoken Encoding to use instead of get_tokenizer(the run's config["tokenizer"])."""
+    tokenizer: an Encoding to use instead of the run's (config["tokenizer"]; a Hugging Face one from its copy in the
+    run folder, which holds its chat template)."""
     ckpt = load_checkpoint(path := checkpoint_path(run_dir, step))
     model = Llama(LlamaConfig(**ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
     config = ckpt.get("config") or {}
     meta = {"run_dir": run_dir, "checkpoint": path, "step": ckpt.get("step", step), "tokens": ckpt.get("tokens"),
             "config": config, "model_config": ckpt["model_config"]}
-    return model.to(device=device, dtype=dtype).eval(), tokenizer or get_tokenizer(config.get("tokenizer", "gpt2")), meta
+    folder = os.path.join(run_dir, "tokenizer")             # train.py's copy of a Hugging Face tokenizer
+    tokenizer = tokenizer or get_tokenizer("hf:" + folder if os.path.isdir(folder) else config.get("tokenizer", "gpt2"))
+    return model.to(device=device, dtype=dtype).eval(), tokenizer, meta
 
 
 def _hf_kwargs(gguf_file=None, revision=None):

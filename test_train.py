@@ -698,3 +698,48 @@ def test_help_of_every_entry_point(entry, capsys):
         fields = dataclasses.fields(CF.Config)
         assert [name for name, _ in flags] == [f.name for f in fields]
         assert all(shown == str(f.default) or float(shown) == f.default for (_, shown), f in zip(flags, fields))
+
+
+def test_continued_pretraining_from_a_hugging_face_model_with_its_own_tokenizer(tmp_path, monkeypatch):
+    """init_from=hf:DIR for pre-training on data prepared with the model's own tokenizer: step 0 is the model's own
+    loss (transformers'), the run keeps the tokenizer with its chat template, and export.py writes it back, loadable
+    with equal logits. A model of another tokenizer with the same vocabulary size is refused by fingerprint; data of
+    another tokenizer by its shards. (Before: the second was accepted, and the export wrote a GPT-2-style tokenizer.)"""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    import export
+    from test_prepare_fineweb import train_bpe
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    docs = [SOURCE[i:i + 3000] for i in range(0, len(SOURCE), 3000)]
+    for name, texts in (("model", docs), ("other", docs[::-1][:4])):
+        train_bpe(tmp_path / name, vocab_size=400, docs=texts)
+        tok = AutoTokenizer.from_pretrained(tmp_path / name)
+        tok.chat_template = "{% for m in messages %}<|endoftext|>{{ m['role'] }}: {{ m['content'] }}{% endfor %}"
+        tok.save_pretrained(tmp_path / name)
+        torch.manual_seed(0)
+        LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                     tie_word_embeddings=True)).save_pretrained(tmp_path / name)
+    model, other = f"hf:{tmp_path / 'model'}", f"hf:{tmp_path / 'other'}"
+    d = prepared(tmp_path / "d", SOURCE, "--tokenizer", model, "--val_tokens", "1024")
+    args = [f"--tokenizer={model}", "--seq_len=64", "--batch_tokens=256", "--micro_batch=4", "--eval_batches=1",
+            "--eval_interval=1", "--max_steps=2", "--ckpt_interval=2", "--lr=1e-3"]
+    for spec, tokenizer, message in ((other, model, "vocabulary fingerprints"), (other, other, "written with tokenizer")):
+        with pytest.raises(SystemExit, match=message):
+            run(d, tmp_path / "refused", *args, f"--init_from={spec}", f"--tokenizer={tokenizer}")
+        assert not os.path.exists(tmp_path / "refused")
+    _, evals = run(d, tmp_path / "out", *args, f"--init_from={model}")
+    windows = D.val_windows(d, model, 400, 64, 4)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32)
+    with torch.no_grad():
+        expected = hf(windows, labels=windows).loss.item()              # transformers shifts the labels
+    assert evals[0]["val_loss"] == pytest.approx(expected, rel=1e-5)
+    export.export(str(tmp_path / "out"), str(tmp_path / "hf"))
+    back, ours = AutoTokenizer.from_pretrained(tmp_path / "hf"), AutoTokenizer.from_pretrained(tmp_path / "model")
+    assert back.get_vocab() == ours.get_vocab() and back.chat_template == ours.chat_template
+    assert D.tokenizer_fingerprint(D.HFTokenizer(back)) == D.tokenizer_fingerprint(D.get_tokenizer(model))
+    ckpt = torch.load(tmp_path / "out" / "ckpt_0000002.pt", weights_only=False)
+    mine = M.Llama(M.LlamaConfig(**ckpt["model_config"]))
+    mine.load_state_dict(ckpt["model"])
+    with torch.no_grad():
+        np.testing.assert_allclose(AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()(windows).logits,
+                                   mine.eval()(windows).logits, atol=1e-5)

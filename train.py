@@ -26,20 +26,12 @@ import torch.distributed as dist
 
 from config import fail, load_config, usage
 from conversations import PackedStream, is_conversations
-from data import ShardStream, data_identity, load_manifest, val_windows, write_atomic
+from data import ShardStream, data_identity, get_tokenizer, load_manifest, tokenizer_tag, val_windows, write_atomic
 from jreg import JregObjective, Profile, jump_rate
 from model import Llama
 from runs import (
     check_resume, list_checkpoints, load_checkpoint, lock_run, peak_flops, read_log, restore, run_info, save_checkpoint,
     start_weights)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Configuration: the one place that holds every setting with its default
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Data: a deterministic, resumable stream of (seq_len + 1)-token windows over the shards
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -129,8 +121,12 @@ def write_records(cfg, mcfg, data_id, step, changed, device):
     old = json.load(open(saved)) if step and os.path.exists(saved) else {}
     history = old.get("history", []) + [{"step": step, "changed": changed, "argv": info["argv"], "time": info["time"]}]
     write_atomic(saved, json.dumps({"config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg),
-                                    "data_identity": data_id, "history": history}, indent=2))
+                                    "tokenizer": tokenizer_tag(cfg.tokenizer), "data_identity": data_id,
+                                    "history": history}, indent=2))
     write_atomic(os.path.join(cfg.out_dir, "run_info.json"), json.dumps(info, indent=2))
+    if cfg.tokenizer.startswith("hf:") and not os.path.isdir(folder := os.path.join(cfg.out_dir, "tokenizer")):
+        get_tokenizer(cfg.tokenizer).hf.save_pretrained(folder + ".tmp")  # the model's own tokenizer and chat template,
+        os.replace(folder + ".tmp", folder)                                # for load_run and export.py
     log_path = os.path.join(cfg.out_dir, "log.jsonl")
     kept = read_log(log_path, step) if step else []     # records past the checkpoint are redone
     write_atomic(log_path, "".join(json.dumps(r) + "\n" for r in kept))
