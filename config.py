@@ -30,9 +30,9 @@ class Config:
     dist_timeout_min: int = 30      # torch.distributed timeout: ranks wait this long for rank 0's checkpoint write
     # data: token shards of prepare_fineweb.py (pre-training) or conversations of prepare_sft.py (fine-tuning, packed)
     data_dir: str = "data/fineweb_edu"   # a folder of prepare_fineweb.py or prepare_sft.py
-    tokenizer: str = "gpt2"         # must match the shards' header
-    # fine-tuning: the weights to start from (not resumed: a new run); the model shape is theirs
-    init_from: str = ""             # "" (random init) | RUN_DIR (newest ckpt) | RUN_DIR@STEP | RUN_DIR@latest | hf:NAME
+    tokenizer: str = "gpt2"         # the shards': gpt2 | bytes | a tiktoken name | hf:NAME_OR_DIR | hf:DIR/FILE.gguf
+    # fine-tuning or continued pre-training: the weights to start from (not resumed: a new run); the shape is theirs
+    init_from: str = ""             # "" (random) | RUN_DIR (newest ckpt) | RUN_DIR@STEP | RUN_DIR@latest | hf:NAME_OR_DIR
     epochs: float = 0.0             # > 0: max_steps = epochs × windows per epoch / sequences per step
     warmup_ratio: float = 0.0       # > 0: warmup_steps = warmup_ratio × max_steps
     # model: a preset from model.PRESETS; any field set below (not None) overrides it
