@@ -72,6 +72,8 @@ class Config:
     eval_batches: int = 20          # fixed validation batches (of micro_batch sequences) per eval
     ckpt_interval: int = 1000       # steps between checkpoints (and always at the end or on SIGTERM)
     keep_ckpts: int = 3             # newest checkpoints kept
+    sharded_ckpt: bool = False      # each rank writes its shard (torch.distributed.checkpoint): ckpt_N/ folders
+    async_ckpt: bool = False        # with sharded_ckpt: written in the background while training goes on
     wandb_project: str = ""         # log to Weights & Biases as well (needs wandb)
     wandb_run_name: str = ""        # its run name
 
@@ -79,8 +81,8 @@ class Config:
 # settings that may differ when a run is resumed (recorded in config.json's history); all others must match
 RESUMABLE = {"max_steps", "device", "dtype", "compile", "fsdp", "activation_checkpointing", "dist_timeout_min",
              "micro_batch", "lr", "min_lr_ratio", "warmup_steps", "warmup_ratio", "grad_clip", "max_bad_steps",
-             "log_interval", "eval_interval", "eval_batches", "ckpt_interval", "keep_ckpts", "wandb_project",
-             "wandb_run_name"}
+             "log_interval", "eval_interval", "eval_batches", "ckpt_interval", "keep_ckpts", "sharded_ckpt",
+             "async_ckpt", "wandb_project", "wandb_run_name"}
 # the value a checkpoint written before a setting existed was trained with, where that is not today's default
 BEFORE = {"decay_embeddings": True}
 
@@ -172,6 +174,7 @@ def check_config(cfg):
     need(cfg.model in PRESETS, "model", f"choose one of {sorted(PRESETS)}")
     need(cfg.jreg_weighting in WEIGHTINGS, "jreg_weighting", f"choose one of {WEIGHTINGS}")
     need(cfg.dtype in ("auto", "bfloat16", "float32"), "dtype", "choose auto, bfloat16 or float32")
+    need(cfg.sharded_ckpt or not cfg.async_ckpt, "async_ckpt", "needs sharded_ckpt=True")
     if cfg.device != "auto":
         try:
             device = torch.device(cfg.device)

@@ -9,15 +9,17 @@ the device, and the run's record of its machine.
 
 A checkpoint ckpt_NNNNNNN.pt holds the unwrapped model, the optimizer, model_config, config, step, tokens, the data
 position and identity, and the RNG states; written to a temporary file and renamed, never with non-finite weights.
+With sharded_ckpt it is a folder ckpt_NNNNNNN/ instead: each rank's shard of the model and optimizer
+(torch.distributed.checkpoint), their index .metadata, and the rest in meta.pt; it resumes on any number of processes.
 """
 import argparse
 import dataclasses
 import fcntl
-import glob
 import json
 import os
 import platform
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -32,24 +34,65 @@ from model import Llama, LlamaConfig
 
 
 def list_checkpoints(out_dir):
-    """[(step, path)] of the complete checkpoints in out_dir, oldest first."""
-    found = [(int(os.path.basename(p)[5:-3]), p) for p in glob.glob(os.path.join(out_dir, "ckpt_*.pt"))
-             if os.path.basename(p)[5:-3].isdigit()]
+    """[(step, path)] of the checkpoints in out_dir, oldest first: ckpt_NNNNNNN.pt files and sharded ckpt_NNNNNNN
+    folders (a folder being written is ckpt_NNNNNNN.tmp, never listed)."""
+    found = [(int(name[5:].removesuffix(".pt")), os.path.join(out_dir, name)) for name in
+             (os.listdir(out_dir) if os.path.isdir(out_dir) else []) if name.startswith("ckpt_")
+             and name[5:].removesuffix(".pt").isdigit() and (name.endswith(".pt") or os.path.isdir(
+                 os.path.join(out_dir, name)))]
     return sorted(found)
 
 
 def load_checkpoint(path):
-    """The checkpoint dict: model, optimizer, model_config, config, step, tokens, data_state, rng. Memory-mapped,
-    so the ranks of one node share a copy in the page cache."""
+    """The checkpoint dict: model, optimizer, model_config, config, step, tokens, data_state, rng. A file is
+    memory-mapped, so the ranks of one node share a copy in the page cache; a sharded folder gives its record with
+    model and optimizer None and "sharded" its path (model_state reads its weights, restore all of it)."""
+    sharded = os.path.isdir(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        if sharded and not os.path.isfile(os.path.join(path, ".metadata")):
+            raise FileNotFoundError("incomplete: no .metadata (the shards' index)")
+        ckpt = torch.load(os.path.join(path, "meta.pt") if sharded else path, map_location="cpu",
+                          weights_only=False, mmap=not sharded)
     except Exception as e:
         fail(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    return {**ckpt, "model": None, "optimizer": None, "sharded": path} if sharded else ckpt
+
+
+def model_state(ckpt):
+    """The full model state dict of a checkpoint (of a sharded one: read from its shards, on CPU, in one process)."""
+    if not ckpt.get("sharded"):
+        return ckpt["model"]
+    import torch.distributed.checkpoint as dcp
+    with torch.device("meta"):
+        shapes = Llama(LlamaConfig(**ckpt["model_config"])).state_dict()
+    state = {"model": {k: torch.empty(v.shape, dtype=v.dtype) for k, v in shapes.items()}}
+    try:
+        dcp.load(state, checkpoint_id=ckpt["sharded"], no_dist=True)
+    except Exception as e:
+        fail(f"cannot read checkpoint {ckpt['sharded']}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    return state["model"]
+
+
+PENDING = []   # an async sharded save in flight: (future, its .tmp folder, its final name)
+
+
+def finish_checkpoint():
+    """Wait for the async save in flight, if any, and give it its final name (rank 0, once every rank wrote)."""
+    while PENDING:
+        future, tmp, path = PENDING.pop()
+        if future is not None:
+            future.result()
+        if int(os.environ.get("RANK", 0)) == 0:
+            os.replace(tmp, path)
+        if dist.is_initialized():
+            dist.barrier()
 
 
 def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
-    """Rank 0 writes the full (unsharded, uncompiled) state and the data's identity (data_identity). A model with a
-    non-finite parameter is never saved."""
+    """The model, optimizer, data position and identity (data_identity) and RNG states of `step`. By default rank 0
+    writes the full (unsharded, uncompiled) state as one file; with sharded_ckpt each rank writes its own shard
+    (torch.distributed.checkpoint) into a folder, in the background with async_ckpt. Either way it is written under a
+    temporary name and renamed when whole. A model with a non-finite parameter is never saved."""
     bad = torch.tensor(float(any(not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
                                  for p in model.parameters())))
     if dist.is_initialized():
@@ -58,23 +101,57 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
         last = list_checkpoints(cfg.out_dir)
         fail(f"non-finite parameters after step {step}: nothing saved. The last good checkpoint is "
              f"{last[-1][1] if last else '(none)'}; rerun to resume from it, with a lower lr or grad_clip")
-    if cfg.fsdp:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-        model_sd, optim_sd = get_state_dict(model, optimizer,
-                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    finish_checkpoint()
+    master = int(os.environ.get("RANK", 0)) == 0
+    meta = {"model_config": dataclasses.asdict(model.config), "config": dataclasses.asdict(cfg), "step": step,
+            "tokens": step * cfg.batch_tokens, "data_state": {"seq_index": seq_index}, "data_identity": data_id,
+            "rng": {"torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+    path = os.path.join(cfg.out_dir, f"ckpt_{step:07d}" + ("" if cfg.sharded_ckpt else ".pt"))
+    if cfg.sharded_ckpt:
+        save_sharded(cfg, path, model, optimizer, meta, master)
     else:
-        model_sd, optim_sd = model.state_dict(), optimizer.state_dict()
-    if int(os.environ.get("RANK", 0)) != 0:
-        return
-    ckpt = {"model": model_sd, "optimizer": optim_sd, "model_config": dataclasses.asdict(model.config),
-            "config": dataclasses.asdict(cfg), "step": step, "tokens": step * cfg.batch_tokens,
-            "data_state": {"seq_index": seq_index}, "data_identity": data_id, "rng": {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
-    path = os.path.join(cfg.out_dir, f"ckpt_{step:07d}.pt")
-    torch.save(ckpt, path + ".tmp")
-    os.replace(path + ".tmp", path)
-    for _, old in list_checkpoints(cfg.out_dir)[:-cfg.keep_ckpts]:
-        os.remove(old)
+        if cfg.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+            model_sd, optim_sd = get_state_dict(model, optimizer,
+                                                options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        else:
+            model_sd, optim_sd = model.state_dict(), optimizer.state_dict()
+        if not master:
+            return
+        torch.save({"model": model_sd, "optimizer": optim_sd, **meta}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+    if master:
+        for _, old in list_checkpoints(cfg.out_dir)[:-cfg.keep_ckpts]:
+            shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
+
+
+def save_sharded(cfg, path, model, optimizer, meta, master):
+    """Each rank writes its shard (torch.distributed.checkpoint) into path.tmp/, rank 0 also the record (meta.pt) and,
+    last, the index of the shards (.metadata); once every rank is done, rank 0 renames it to path (finish_checkpoint).
+    With async_ckpt the state is copied to CPU here and written while training goes on, on a gloo group of its own."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    tmp = path + ".tmp"
+    if master:
+        shutil.rmtree(tmp, ignore_errors=True)            # what a killed save left
+        os.makedirs(tmp)
+        torch.save(meta, os.path.join(tmp, "meta.pt"))
+    if dist.is_initialized():
+        dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)   # DTensor shards under FSDP, the whole under DDP
+    state = {"model": model_sd, "optimizer": optim_sd}
+    if not cfg.async_ckpt:
+        dcp.save(state, checkpoint_id=tmp, no_dist=not dist.is_initialized())
+        PENDING.append((None, tmp, path))
+        return finish_checkpoint()
+    if dist.is_initialized() and "gloo" not in ASYNC_GROUP:   # created once, by every rank at the same point
+        ASYNC_GROUP["gloo"] = dist.new_group(backend="gloo")
+    PENDING.append((dcp.async_save(state, checkpoint_id=tmp, process_group=ASYNC_GROUP.get("gloo"),
+                                   no_dist=not dist.is_initialized()), tmp, path))
+
+
+ASYNC_GROUP = {}
 
 
 def start_weights(cfg):
@@ -103,7 +180,7 @@ def init_weights(spec, tokenizer):
     if (trained := ckpt["config"].get("tokenizer", "gpt2")) != tokenizer:
         fail(f"init_from {spec!r} was trained with tokenizer {trained!r}, but tokenizer = {tokenizer!r} (the data's): "
              f"fine-tune it on data prepared with {trained!r}")
-    return ckpt["model"], LlamaConfig(**ckpt["model_config"])
+    return model_state(ckpt), LlamaConfig(**ckpt["model_config"])
 
 
 def init_weights_hf(name, tokenizer):
@@ -147,8 +224,16 @@ def init_weights_hf(name, tokenizer):
 
 
 def restore(ckpt, model, optimizer, fsdp):
-    """The checkpoint's weights, optimizer state and RNG states, whether it was written with or without FSDP."""
-    if fsdp:
+    """The checkpoint's weights, optimizer state and RNG states, whether it was written with or without FSDP, as one
+    file or sharded (on any number of processes: torch.distributed.checkpoint reshards by parameter name)."""
+    if ckpt.get("sharded"):
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optimizer": optim_sd}
+        dcp.load(state, checkpoint_id=ckpt["sharded"], no_dist=not dist.is_initialized())
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    elif fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
         optim_sd = ckpt["optimizer"]
         if isinstance(optim_sd["param_groups"][0]["params"][0], int):  # written without FSDP: parameters by position
@@ -261,7 +346,7 @@ def load_run(run_dir, step=None, device="cpu", dtype=torch.float32, tokenizer=No
     run folder, which holds its chat template)."""
     ckpt = load_checkpoint(path := checkpoint_path(run_dir, step))
     model = Llama(LlamaConfig(**ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
+    model.load_state_dict(model_state(ckpt))
     config = ckpt.get("config") or {}
     meta = {"run_dir": run_dir, "checkpoint": path, "step": ckpt.get("step", step), "tokens": ckpt.get("tokens"),
             "config": config, "model_config": ckpt["model_config"]}

@@ -743,3 +743,36 @@ def test_continued_pretraining_from_a_hugging_face_model_with_its_own_tokenizer(
     with torch.no_grad():
         np.testing.assert_allclose(AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()(windows).logits,
                                    mine.eval()(windows).logits, atol=1e-5)
+
+
+def test_sharded_checkpoints_resume_exactly_and_are_read_like_files(data_dir, tmp_path):
+    """sharded_ckpt (and async_ckpt): ckpt_N/ folders that resume bit for bit, from which load_run reads the same
+    weights as a file checkpoint; a folder being written (.tmp) is not a checkpoint; a final one without its index is
+    refused in one line."""
+    import runs
+    args = ["--max_steps=4", "--eval_interval=0", "--ckpt_interval=2", "--jreg_lambda=1.0"]
+    whole, _ = run(data_dir, tmp_path / "file", *args)
+    run(data_dir, tmp_path / "sharded", *args[1:], "--max_steps=2", "--sharded_ckpt=True", "--async_ckpt=True")
+    assert sorted(os.listdir(tmp_path / "sharded" / "ckpt_0000002")) == [".metadata", "__0_0.distcp", "meta.pt"]
+    os.makedirs(tmp_path / "sharded" / "ckpt_0000009.tmp")                    # a save that was killed
+    resumed, _ = run(data_dir, tmp_path / "sharded", *args, "--sharded_ckpt=True")
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in whole]
+    assert [s for s, _ in runs.list_checkpoints(tmp_path / "sharded")] == [2, 4]
+    a, b = runs.load_run(str(tmp_path / "file"))[0], runs.load_run(str(tmp_path / "sharded"))[0]
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    os.remove(tmp_path / "sharded" / "ckpt_0000004" / ".metadata")
+    with pytest.raises(SystemExit, match=r"ckpt_0000004: FileNotFoundError: incomplete"):
+        run(data_dir, tmp_path / "sharded", *args, "--sharded_ckpt=True", "--max_steps=5")
+
+
+def test_sharded_fsdp_checkpoints_resume_on_another_number_of_processes(data_dir, tmp_path):
+    """FSDP on 2 processes writes sharded checkpoints (async); the run resumes on 1 process (no FSDP) and goes on
+    as the 2-process run does, to fp32 rounding."""
+    args = ["--max_steps=4", "--eval_interval=0", "--ckpt_interval=2", "--jreg_lambda=1.0", "--fsdp=True",
+            "--sharded_ckpt=True"]
+    two, _ = torchrun(2, tmp_path / "two", data_dir, *args)
+    torchrun(2, tmp_path / "moved", data_dir, *args[1:], "--max_steps=2", "--async_ckpt=True")
+    one, _ = run(data_dir, tmp_path / "moved", *args[:-2], "--sharded_ckpt=True")
+    np.testing.assert_allclose([r["loss"] for r in one], [r["loss"] for r in two], rtol=0, atol=1e-5)
+    history = json.load(open(tmp_path / "moved" / "config.json"))["history"]
+    assert history[1]["changed"] == {"max_steps": [2, 4], "fsdp": [True, False], "async_ckpt": [True, False]}

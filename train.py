@@ -30,8 +30,8 @@ from data import ShardStream, data_identity, get_tokenizer, load_manifest, token
 from jreg import JregObjective, Profile, jump_rate
 from model import Llama
 from runs import (
-    check_resume, list_checkpoints, load_checkpoint, lock_run, peak_flops, read_log, restore, run_info, save_checkpoint,
-    start_weights)
+    check_resume, finish_checkpoint, list_checkpoints, load_checkpoint, lock_run, peak_flops, read_log, restore, run_info,
+    save_checkpoint, start_weights)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -321,6 +321,7 @@ def main(argv):
                 print(f"stopped by signal at step {step}; checkpoint saved, rerun the same command to resume")
             break
 
+    finish_checkpoint()                                                   # an async save still in flight
     if ddp:
         dist.barrier()
         dist.destroy_process_group()

@@ -9,6 +9,7 @@ max_steps = 200000             # ~105B tokens
 warmup_steps = 2000
 lr = 1.5e-4
 fsdp = True
+sharded_ckpt = True           # each GPU writes its shard (async_ckpt=True: in the background)
 jreg_lambda = 0.0
 jreg_alpha = 1.0
 eval_interval = 2000

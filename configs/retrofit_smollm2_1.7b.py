@@ -22,6 +22,7 @@ warmup_steps = 200
 lr = 1e-4                      # a continued pre-training rate, a fifth of SmolLM2's 5e-4 peak
 min_lr_ratio = 0.1
 fsdp = True
+sharded_ckpt = True           # each GPU writes its shard (async_ckpt=True: in the background)
 jreg_lambda = 0.0
 eval_interval = 250
 ckpt_interval = 500
