@@ -117,7 +117,8 @@ def _hf_tokenizer(name):
 class HFTokenizer:
     """The face of a tiktoken Encoding on a Hugging Face fast tokenizer: name, encode_ordinary(_batch) (special-token
     text is ordinary text, as tiktoken's; batches go through the tokenizer's own batch call, parallel in Rust, whose
-    threads RAYON_NUM_THREADS sets, so num_threads is not used), decode, eot_token (its eos) and n_vocab (len)."""
+    threads RAYON_NUM_THREADS sets, so num_threads is not used), encode (special-token text is its token, as the
+    harness reads task text), decode, eot_token (its eos) and n_vocab (len)."""
 
     def __init__(self, hf, name=None):
         from tokenizers import Tokenizer
@@ -138,6 +139,9 @@ class HFTokenizer:
 
     def encode_ordinary(self, text):
         return self.encode_ordinary_batch([text])[0]
+
+    def encode(self, text, allowed_special="all"):  # tiktoken's with "all", the harness's: special-token text is its token
+        return self.hf.encode(text, add_special_tokens=False)
 
     def decode(self, ids):
         return self.hf.decode(ids, clean_up_tokenization_spaces=False)

@@ -202,7 +202,8 @@ def load_task(task, data_dir=None, limit=None):
 
 
 class ModelLM:
-    """Our Llama with a tiktoken tokenizer: encode(str) -> ids (no BOS), logits(tokens) -> fp32 [B, T, V]."""
+    """Our Llama with its tokenizer (tiktoken, or a model's own HFTokenizer): encode(str) -> ids (no BOS), special-token
+    text read as its token as the harness does; logits(tokens) -> fp32 [B, T, V]."""
 
     def __init__(self, model, tokenizer, name="model"):
         self.model, self.tokenizer, self.name = model.eval(), tokenizer, name

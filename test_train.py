@@ -704,7 +704,8 @@ def test_continued_pretraining_from_a_hugging_face_model_with_its_own_tokenizer(
     """init_from=hf:DIR for pre-training on data prepared with the model's own tokenizer: step 0 is the model's own
     loss (transformers'), the run keeps the tokenizer with its chat template, and export.py writes it back, loadable
     with equal logits. A model of another tokenizer with the same vocabulary size is refused by fingerprint; data of
-    another tokenizer by its shards. (Before: the second was accepted, and the export wrote a GPT-2-style tokenizer.)"""
+    another tokenizer by its shards; task scoring of the run equals the harness-style scoring of the export. (Before: the
+    second was accepted, the export wrote a GPT-2-style tokenizer, and scoring a task failed on encode.)"""
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
     import export
     from test_prepare_fineweb import train_bpe
@@ -740,9 +741,15 @@ def test_continued_pretraining_from_a_hugging_face_model_with_its_own_tokenizer(
     ckpt = torch.load(tmp_path / "out" / "ckpt_0000002.pt", weights_only=False)
     mine = M.Llama(M.LlamaConfig(**ckpt["model_config"]))
     mine.load_state_dict(ckpt["model"])
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     with torch.no_grad():
-        np.testing.assert_allclose(AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()(windows).logits,
-                                   mine.eval()(windows).logits, atol=1e-5)
+        np.testing.assert_allclose(exported(windows).logits, mine.eval()(windows).logits, atol=1e-5)
+    import tasks                                  # task scoring of the run in its own tokenizer, as the harness's
+    requests = [("def main(argv):", " return"), ("x = <|endoftext|> y", " z"), ("", "import torch")]
+    ours = tasks.score_requests(tasks.ModelLM(mine, D.get_tokenizer(model)), requests)
+    theirs = tasks.score_requests(tasks.HFModelLM(exported, back), requests)
+    assert [g for _, g in ours] == [g for _, g in theirs]
+    np.testing.assert_allclose([ll for ll, _ in ours], [ll for ll, _ in theirs], atol=1e-4)
 
 
 def test_sharded_checkpoints_resume_exactly_and_are_read_like_files(data_dir, tmp_path):
