@@ -2,8 +2,9 @@
 # The retrofit experiment on CPU, offline (docs/retrofit.md): continued pre-training of SmolLM2-135M-Instruct on the
 # King James Bible in its own tokenizer, without (lambda = 0) and with JREG (lambda = 1, alpha = 1), then before/after:
 # Psi and zeta on both h_L conventions, validation loss, eight zero-shot tasks (the first 50 documents each) with early
-# exit at every layer, zeta over the checkpoints, and MT-Bench answers. About 3 h on 2 cores: the two runs side by side
-# take 1 h 30 min; the evaluations the rest. Results: results/retrofit/ (RESULTS=DIR for another folder).
+# exit at every layer, zeta over the checkpoints, and MT-Bench answers. About 2 h 30 min on 2 cores: the two runs
+# side by side take 1 h 30 min (with the source's evaluation beside them), the evaluations after them 40 min.
+# Results: results/retrofit/ (RESULTS=DIR for another folder).
 set -euo pipefail
 cd "$(dirname "$0")"
 RESULTS=${RESULTS:-results/retrofit}
@@ -23,15 +24,26 @@ OMP_NUM_THREADS=1 python train.py configs/retrofit_smollm2.py > out/retrofit/bas
 OMP_NUM_THREADS=1 python train.py configs/retrofit_smollm2_jreg.py > out/retrofit/jreg.log 2>&1 &
 OMP_NUM_THREADS=1 python evaluate.py "${SOURCE[@]}" "${PROFILE[@]}" --profile_tokens 16384 --data_dir data/tasks \
     --tasks "$TASKS" --limit 50 --exit_layers all --out "$RESULTS/before.json" > out/retrofit/before_eval.log 2>&1
+OMP_NUM_THREADS=1 python chat_eval.py "${SOURCE[@]}" --benchmarks mt_bench --limit 3 --max_new_tokens 200 \
+    --out "$RESULTS/chat_before.json" > out/retrofit/chat_before.log 2>&1
 wait
-OMP_NUM_THREADS=1 python evaluate.py out/retrofit/base out/retrofit/jreg "${PROFILE[@]}" --profile_tokens 16384 \
-    --data_dir data/tasks --tasks "$TASKS" --limit 50 --exit_layers all --plot "$RESULTS/after" \
-    --out "$RESULTS/after.json" > out/retrofit/after_eval.log 2>&1 &
+for run in base jreg; do
+  OMP_NUM_THREADS=1 python evaluate.py out/retrofit/$run "${PROFILE[@]}" --profile_tokens 16384 --data_dir data/tasks \
+      --tasks "$TASKS" --limit 50 --exit_layers all --out "$RESULTS/after_$run.json" > out/retrofit/after_$run.log 2>&1 &
+done
 OMP_NUM_THREADS=1 python evaluate.py out/retrofit/base out/retrofit/jreg "${SOURCE[@]}" "${PROFILE[@]}" --all_ckpts \
-    --profile_tokens 8192 --analysis_tokens 2048 --plot "$RESULTS" --out "$RESULTS/profiles.json"
-OMP_NUM_THREADS=1 python chat_eval.py out/retrofit/base out/retrofit/jreg "${SOURCE[@]}" --benchmarks mt_bench \
-    --limit 3 --max_new_tokens 200 --out "$RESULTS/chat.json"
+    --profile_tokens 8192 --analysis_tokens 0 --plot "$RESULTS" --out "$RESULTS/profiles.json" > out/retrofit/series.log 2>&1
+OMP_NUM_THREADS=1 python chat_eval.py out/retrofit/base out/retrofit/jreg --benchmarks mt_bench --limit 3 \
+    --max_new_tokens 200 --out "$RESULTS/chat_after.json" > out/retrofit/chat_after.log 2>&1
 wait
+python - "$RESULTS" <<'PY'
+import json, sys
+from profiles import plot_profiles           # the three models in one figure each: Ψ, logit lens, early exit
+r = sys.argv[1]
+models = {"source": json.load(open(f"{r}/before.json"))} | {n: json.load(open(f"{r}/after_{n}.json")) for n in ("base", "jreg")}
+plot_profiles({n: m["profile"] for n, m in models.items()}, r, exits=models)
+PY
 cp out/retrofit/base/log.jsonl "$RESULTS/base_log.jsonl"
 cp out/retrofit/jreg/log.jsonl "$RESULTS/jreg_log.jsonl"
+rm -f "$RESULTS"/*.lock
 echo "results: $RESULTS (docs/retrofit.md reads them)"
