@@ -36,10 +36,11 @@ from model import Llama, LlamaConfig
 def list_checkpoints(out_dir):
     """[(step, path)] of the checkpoints in out_dir, oldest first: ckpt_NNNNNNN.pt files and sharded ckpt_NNNNNNN
     folders (a folder being written is ckpt_NNNNNNN.tmp, never listed)."""
-    found = [(int(name[5:].removesuffix(".pt")), os.path.join(out_dir, name)) for name in
-             (os.listdir(out_dir) if os.path.isdir(out_dir) else []) if name.startswith("ckpt_")
-             and name[5:].removesuffix(".pt").isdigit() and (name.endswith(".pt") or os.path.isdir(
-                 os.path.join(out_dir, name)))]
+    found = []
+    for name in os.listdir(out_dir) if os.path.isdir(out_dir) else []:
+        step, path = name[5:].removesuffix(".pt"), os.path.join(out_dir, name)
+        if name.startswith("ckpt_") and step.isdigit() and (name.endswith(".pt") or os.path.isdir(path)):
+            found.append((int(step), path))
     return sorted(found)
 
 
@@ -54,7 +55,7 @@ def load_checkpoint(path):
         ckpt = torch.load(os.path.join(path, "meta.pt") if sharded else path, map_location="cpu",
                           weights_only=False, mmap=not sharded)
     except Exception as e:
-        fail(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        fail(f"cannot read checkpoint {path}: {_first_line(e)}")
     return {**ckpt, "model": None, "optimizer": None, "sharded": path} if sharded else ckpt
 
 
@@ -69,7 +70,7 @@ def model_state(ckpt):
     try:
         dcp.load(state, checkpoint_id=ckpt["sharded"], no_dist=True)
     except Exception as e:
-        fail(f"cannot read checkpoint {ckpt['sharded']}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        fail(f"cannot read checkpoint {ckpt['sharded']}: {_first_line(e)}")
     return state["model"]
 
 
@@ -77,15 +78,19 @@ PENDING = []   # an async sharded save in flight: (future, its .tmp folder, its 
 
 
 def finish_checkpoint():
-    """Wait for the async save in flight, if any, and give it its final name (rank 0, once every rank wrote)."""
+    """Wait for the async save in flight, if any, and give it its final name."""
     while PENDING:
         future, tmp, path = PENDING.pop()
-        if future is not None:
-            future.result()
-        if int(os.environ.get("RANK", 0)) == 0:
-            os.replace(tmp, path)
-        if dist.is_initialized():
-            dist.barrier()
+        future.result()
+        publish(tmp, path)
+
+
+def publish(tmp, path):
+    """Rank 0 renames a sharded checkpoint written by every rank to its final name; the others wait for it."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        os.replace(tmp, path)
+    if dist.is_initialized():
+        dist.barrier()
 
 
 def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
@@ -143,8 +148,7 @@ def save_sharded(cfg, path, model, optimizer, meta, master):
     state = {"model": model_sd, "optimizer": optim_sd}
     if not cfg.async_ckpt:
         dcp.save(state, checkpoint_id=tmp, no_dist=not dist.is_initialized())
-        PENDING.append((None, tmp, path))
-        return finish_checkpoint()
+        return publish(tmp, path)
     if dist.is_initialized() and "gloo" not in ASYNC_GROUP:   # created once, by every rank at the same point
         ASYNC_GROUP["gloo"] = dist.new_group(backend="gloo")
     PENDING.append((dcp.async_save(state, checkpoint_id=tmp, process_group=ASYNC_GROUP.get("gloo"),
