@@ -119,9 +119,13 @@ class Profile:
 class JregObjective(nn.Module):
     """CE and the penalty Σ_l w_l Ψ_l from one forward. Wraps the model so that torch.compile sees both as one graph."""
 
-    def __init__(self, model, cfg):
+    def __init__(self, model, cfg, compiled_parts=False):
         super().__init__()
         self.model, self.cfg = model, cfg
+        self.displacement = torch.compile(displacement) if compiled_parts else displacement
+        if compiled_parts:                            # FSDP: the blocks are compiled apart; the top level too
+            model.norm.compile()
+            model.compile_loss = True
         self.register_buffer("weights", layer_weights(model.config.n_layer, cfg.jreg_alpha, cfg.jreg_weighting),
                              persistent=False)
 
@@ -131,5 +135,5 @@ class JregObjective(nn.Module):
         hs = streams(out, cfg.jreg_final_norm)
         if cfg.jreg_lambda == 0:                      # the baseline: Ψ only for the log, outside autograd
             hs = [h.detach() for h in hs]
-        psi = displacement(hs, mask=real, skip_first=cfg.jreg_skip_first)       # real: padding left out
+        psi = self.displacement(hs, mask=real, skip_first=cfg.jreg_skip_first)  # real: padding left out
         return out.loss, (self.weights * psi).sum(), psi.detach()

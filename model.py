@@ -24,7 +24,7 @@ recomputes the rest in the backward pass: the same numbers, a fraction of the me
 Llama.from_hf / Llama.to_hf convert to and from transformers' LlamaForCausalLM (imported only there).
 """
 import math
-from dataclasses import dataclass, asdict, replace
+from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import torch
@@ -218,13 +218,14 @@ def compiled_chunks(*args):
 compiled_chunk = None
 
 
-def chunked_cross_entropy(hidden, weight, targets, rows):
+def chunked_cross_entropy(hidden, weight, targets, rows, compiled=False):
     """Mean cross-entropy over targets != -1 of the logits hidden @ weight.T, without ever holding more than `rows`
     positions' logits: memory O(rows · vocab) instead of O(B · T · vocab), eager or compiled."""
     hidden, targets = hidden.flatten(0, 1), targets.reshape(-1)
     grads = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     args = (hidden, weight, targets, rows, grads)
-    total = compiled_chunks(*args) if torch.compiler.is_compiling() else ChunkedCrossEntropy.apply(*args, cross_entropy_chunk)
+    total = compiled_chunks(*args) if compiled or torch.compiler.is_compiling() else \
+        ChunkedCrossEntropy.apply(*args, cross_entropy_chunk)
     return total / (targets != -1).sum()
 
 
@@ -250,6 +251,7 @@ class Llama(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.checkpoint_blocks = False     # activation checkpointing per block (set by the trainer)
         self.loss_chunk = 1024             # positions per chunk of the return_logits=False loss
+        self.compile_loss = False          # its chunks (head and cross-entropy) compiled, when the model is not
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -290,7 +292,7 @@ class Llama(nn.Module):
         if targets is not None and logits is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1)
         elif targets is not None:
-            loss = chunked_cross_entropy(final_hidden, self.lm_head.weight, targets, self.loss_chunk)
+            loss = chunked_cross_entropy(final_hidden, self.lm_head.weight, targets, self.loss_chunk, self.compile_loss)
         return LlamaOutput(logits, loss, hidden_states, final_hidden)
 
     # ---- accounting -------------------------------------------------------------------------------------

@@ -422,8 +422,8 @@ def test_process_group_timeout_and_activation_checkpointing_are_settings(data_di
     gather and write); activation_checkpointing reaches the model. One process under torch.distributed (gloo)."""
     seen, real_init, real_objective = {}, train.dist.init_process_group, train.JregObjective.__init__
     monkeypatch.setattr(train.dist, "init_process_group", lambda *a, **k: (seen.update(k), real_init(*a, **k))[1])
-    monkeypatch.setattr(train.JregObjective, "__init__", lambda self, model, cfg: (
-        seen.update(blocks=getattr(model, "checkpoint_blocks", None)), real_objective(self, model, cfg))[1])
+    monkeypatch.setattr(train.JregObjective, "__init__", lambda self, model, cfg, **kw: (
+        seen.update(blocks=getattr(model, "checkpoint_blocks", None)), real_objective(self, model, cfg, **kw))[1])
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
                        ("MASTER_PORT", str(29500 + os.getpid() % 1000))):
         monkeypatch.setenv(key, value)
@@ -478,13 +478,60 @@ def test_ddp_and_fsdp_train_under_one_numerics_policy(data_dir, tmp_path):
     assert history[1]["changed"] == {"max_steps": [2, 4], "fsdp": [False, True]}
 
 
-def test_compiled_training_matches_eager(data_dir, tmp_path):
-    args = ["--max_steps=3", "--eval_interval=0", "--jreg_lambda=1.0"]
+def test_compiled_training_matches_eager_with_ddp_outside_the_compile(data_dir, tmp_path, monkeypatch):
+    """Compiled training (here one DDP process on gloo) gives eager's losses. DDP is wrapped before torch.compile, as
+    PyTorch documents for overlapping the all-reduce with the backward pass (its forward is traced, so the compiled
+    graph is split at its buckets), and the gradients are still all-reduced once per step, not per micro-batch.
+    (Before: DDP around the compiled module, its forward never traced.)"""
+    import socket
+    import torch.nn.parallel as parallel
+    seen = {"reduces": 0, "traced": False}
+
+    class CountingDDP(parallel.DistributedDataParallel):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            def hook(state, bucket):                          # a comm hook that counts (one process: nothing to sum)
+                seen["reduces"] += 1
+                done = torch.futures.Future()
+                done.set_result(bucket.buffer())
+                return done
+            self.register_comm_hook(None, hook)
+
+        def forward(self, *args, **kwargs):
+            seen["traced"] |= torch.compiler.is_compiling()
+            return super().forward(*args, **kwargs)
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = ["--max_steps=3", "--eval_interval=0", "--jreg_lambda=1.0", "--micro_batch=2"]     # 4 micro-batches a step
     eager, _ = run(data_dir, tmp_path / "eager", *args)
+    monkeypatch.setattr(parallel, "DistributedDataParallel", CountingDDP)
+    for key, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)).items():
+        monkeypatch.setenv(key, value)
     compiled, _ = run(data_dir, tmp_path / "compiled", *args, "--compile=True")   # needs a C compiler: never skips
     np.testing.assert_allclose([r["loss"] for r in compiled], [r["loss"] for r in eager], rtol=1e-4)
+    assert seen == {"reduces": 3, "traced": True}
     ckpt = torch.load(tmp_path / "compiled" / "ckpt_0000003.pt", weights_only=False)
     assert not any("_orig_mod" in k for k in ckpt["model"])   # the checkpoint holds the plain model
+
+
+def test_fsdp_compiled_per_block_in_bf16_with_accumulation_matches_one_process_and_resumes_exactly(data_dir, tmp_path):
+    """FSDP on 2 processes, each block compiled before it is sharded and the head, loss and penalty compiled apart,
+    bf16, 2 micro-batches a step: the losses of one eager process to bf16's noise; resumed from its step-2
+    checkpoint it repeats steps 3-4 bit for bit."""
+    args = ["--max_steps=4", "--eval_interval=4", "--ckpt_interval=2", "--jreg_lambda=1.0", "--dtype=bfloat16",
+            "--micro_batch=2"]
+    one, one_eval = run(data_dir, tmp_path / "one", *args)
+    two, two_eval = torchrun(2, tmp_path / "two", data_dir, *args, "--fsdp=True", "--compile=True")
+    np.testing.assert_allclose([r["loss"] for r in two], [r["loss"] for r in one], rtol=0, atol=5e-4)
+    np.testing.assert_allclose([r["grad_norm"] for r in two], [r["grad_norm"] for r in one], rtol=1e-3)
+    assert two_eval[-1]["val_loss"] == pytest.approx(one_eval[-1]["val_loss"], abs=5e-4)
+    shutil.copytree(tmp_path / "two", tmp_path / "resumed")
+    os.remove(tmp_path / "resumed" / "ckpt_0000004.pt")
+    resumed, resumed_eval = torchrun(2, tmp_path / "resumed", data_dir, *args, "--fsdp=True", "--compile=True")
+    same = lambda log: [(r["step"], r["loss"], r["grad_norm"], r["zeta_L"]) for r in log]  # noqa: E731
+    assert same(resumed) == same(two) and resumed_eval == two_eval
 
 
 # ---- fine-tuning: the same loop on packed conversations ------------------------------------------------
@@ -532,7 +579,6 @@ def test_sft_starts_from_a_pretraining_run_and_trains_on_assistant_tokens(data_d
                        "--seq_len=128", "--batch_tokens=1024", "--micro_batch=4", "--epochs=1", "--warmup_ratio=0.1",
                        "--eval_interval=100", "--n_layer=7")    # the shape comes from the initial weights, not n_layer
     cfg = json.load(open(tmp_path / "sft" / "config.json"))
-    import prepare_sft
     per_epoch = CV.PackedStream(sft_dir, "train", 128, 0, "bytes", 320).per_epoch
     assert cfg["config"]["max_steps"] == math.ceil(per_epoch / 8) == len(steps)
     assert cfg["config"]["warmup_steps"] == round(0.1 * len(steps)) and cfg["model_config"]["n_layer"] == 4

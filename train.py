@@ -100,9 +100,11 @@ def build(cfg, mcfg, device, bf16, init_sd):
     model.checkpoint_blocks = cfg.activation_checkpointing
     if init_sd is not None:
         model.load_state_dict(init_sd)
-    if cfg.fsdp:
+    if cfg.fsdp:                                        # torchtitan's placement: each block compiled, then sharded
         from torch.distributed.fsdp import fully_shard
         for block in model.layers:
+            if cfg.compile:
+                block.compile()                         # in place: parameter names unchanged
             fully_shard(block)
         fully_shard(model)
     emb = model.tok_emb.weight
@@ -151,7 +153,7 @@ def evaluate(model, val_data, cfg, device, autocast, ddp):
 # ----------------------------------------------------------------------------------------------------------
 # One optimizer step
 
-def accumulate(train_step, model, batches, cfg, device, autocast, ddp, world):
+def accumulate(train_step, objective, model, batches, cfg, device, autocast, ddp, world):
     """Forward and backward of the micro-batches: CE and Ψ are means over the whole global batch (its targets, its
     real tokens), whatever the micro-batching. Returns [ce, penalty, loss, Ψ_1..Ψ_L], averaged over processes."""
     counts = torch.stack([torch.stack([(y != -1).sum(), (torch.ones_like(x, dtype=torch.bool) if real is None
@@ -166,7 +168,7 @@ def accumulate(train_step, model, batches, cfg, device, autocast, ddp, world):
         real = real if real is None else real.to(device, non_blocking=True)
         last = micro == len(batches) - 1
         if ddp and not cfg.fsdp:
-            train_step.require_backward_grad_sync = last          # gradients are all-reduced on the last micro-step only
+            objective.require_backward_grad_sync = last           # gradients are all-reduced on the last micro-step only
         elif cfg.fsdp:
             model.set_requires_gradient_sync(last)
         with autocast:
@@ -262,11 +264,12 @@ def main(argv):
             if line:
                 print(line, flush=True)
 
-    objective = JregObjective(model, cfg).to(device)
-    train_step = torch.compile(objective) if cfg.compile else objective
-    if ddp and not cfg.fsdp:
+    objective = train_step = JregObjective(model, cfg, compiled_parts=cfg.compile and cfg.fsdp).to(device)
+    if ddp and not cfg.fsdp:                      # DDP before compile, as PyTorch documents: buckets overlap the backward
         from torch.nn.parallel import DistributedDataParallel as DDP
-        train_step = DDP(train_step, device_ids=[device.index] if device.type == "cuda" else None)
+        objective = train_step = DDP(objective, device_ids=[device.index] if device.type == "cuda" else None)
+    if cfg.compile and not cfg.fsdp:
+        train_step = torch.compile(objective)
     flops_per_step, peak = model.flops_per_token(cfg.seq_len) * cfg.batch_tokens, peak_flops(device)
     stop = {"signal": None}
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -281,7 +284,7 @@ def main(argv):
             group["lr"] = lr
         batches = [train_data.batch(seq_index + (micro * world + rank) * cfg.micro_batch, cfg.micro_batch)
                    for micro in range(grad_accum)]
-        sums = accumulate(train_step, model, batches, cfg, device, autocast, ddp, world)
+        sums = accumulate(train_step, objective, model, batches, cfg, device, autocast, ddp, world)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         if torch.isfinite(sums[2]) and torch.isfinite(grad_norm):         # the same on every rank (all-reduced)
