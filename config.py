@@ -24,7 +24,7 @@ class Config:
     seed: int = 1337                # initialisation and data order
     device: str = "auto"            # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"             # auto (bf16 autocast on CUDA, fp32 elsewhere) | bfloat16 | float32
-    compile: bool = True            # torch.compile the training forward (eval stays eager)
+    compile: bool = True            # torch.compile the training step (eval stays eager, but for FSDP's compiled blocks)
     fsdp: bool = False              # FSDP2 (fully_shard) instead of DDP: shards parameters and optimizer state
     activation_checkpointing: bool = False   # recompute each block in the backward pass instead of storing it
     dist_timeout_min: int = 30      # torch.distributed timeout: ranks wait this long for rank 0's checkpoint write
