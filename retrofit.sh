@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The retrofit experiment on CPU, offline (docs/retrofit.md): continued pre-training of SmolLM2-135M-Instruct on the
-# King James Bible in its own tokenizer, without (lambda = 0) and with JREG (lambda = 1, alpha = 1), then before/after:
+# King James Bible in its own tokenizer, without (lambda = 0) and with JREG (lambda = 1, alpha = 1; on the raw and, in a
+# third run, on the normed h_L), then before/after:
 # Psi and zeta on both h_L conventions, validation loss, eight zero-shot tasks (the first 50 documents each) with early
-# exit at every layer, zeta over the checkpoints, and MT-Bench answers. About 2 h 30 min on 2 cores: the two runs
-# side by side take 1 h 30 min (with the source's evaluation beside them), the evaluations after them 40 min.
+# exit at every layer, zeta over the checkpoints, and MT-Bench answers. About 4 h on 2 cores: the first two runs
+# side by side take 1 h 30 min (with the source's evaluation beside them), the evaluations after them 40 min, the
+# third run and its evaluations 1 h 25 min.
 # Results: results/retrofit/ (RESULTS=DIR for another folder).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -36,14 +38,28 @@ OMP_NUM_THREADS=1 python evaluate.py out/retrofit/base out/retrofit/jreg "${SOUR
 OMP_NUM_THREADS=1 python chat_eval.py out/retrofit/base out/retrofit/jreg --benchmarks mt_bench --limit 3 \
     --max_new_tokens 200 --out "$RESULTS/chat_after.json" > out/retrofit/chat_after.log 2>&1
 wait
+# The third run: the penalty on the normed h_L (jreg_final_norm = True), alone on both cores (about 1 h), then its
+# evaluations (about 25 min) and the figures of all four models.
+OMP_NUM_THREADS=2 python train.py configs/retrofit_smollm2_jreg_normed.py > out/retrofit/jreg_normed.log 2>&1
+OMP_NUM_THREADS=1 python evaluate.py out/retrofit/jreg_normed "${PROFILE[@]}" --profile_tokens 16384 \
+    --data_dir data/tasks --tasks "$TASKS" --limit 50 --exit_layers all --out "$RESULTS/after_jreg_normed.json" \
+    > out/retrofit/after_jreg_normed.log 2>&1 &
+OMP_NUM_THREADS=1 python evaluate.py out/retrofit/jreg_normed "${PROFILE[@]}" --all_ckpts --profile_tokens 8192 \
+    --analysis_tokens 0 --out "$RESULTS/profiles_jreg_normed.json" > out/retrofit/series_normed.log 2>&1
+wait
 python - "$RESULTS" <<'PY'
 import json, sys
-from profiles import plot_profiles           # the three models in one figure each: Ψ, logit lens, early exit
+from profiles import plot_profiles           # the four models in one figure each: Ψ, logit lens, early exit; ζ over training
 r = sys.argv[1]
-models = {"source": json.load(open(f"{r}/before.json"))} | {n: json.load(open(f"{r}/after_{n}.json")) for n in ("base", "jreg")}
-plot_profiles({n: m["profile"] for n, m in models.items()}, r, exits=models)
+runs = ("base", "jreg", "jreg_normed")
+models = {"source": json.load(open(f"{r}/before.json"))} | {n: json.load(open(f"{r}/after_{n}.json")) for n in runs}
+series = json.load(open(f"{r}/profiles.json"))["models"]
+series["jreg_normed"] = json.load(open(f"{r}/profiles_jreg_normed.json"))
+plot_profiles({n: m["profile"] for n, m in models.items()}, r, exits=models,
+              series={n: series[n]["profile_checkpoints"] for n in runs})
 PY
 cp out/retrofit/base/log.jsonl "$RESULTS/base_log.jsonl"
 cp out/retrofit/jreg/log.jsonl "$RESULTS/jreg_log.jsonl"
+cp out/retrofit/jreg_normed/log.jsonl "$RESULTS/jreg_normed_log.jsonl"
 rm -f "$RESULTS"/*.lock
 echo "results: $RESULTS (docs/retrofit.md reads them)"
