@@ -433,6 +433,30 @@ def test_process_group_timeout_and_activation_checkpointing_are_settings(data_di
     assert CF.Config().dist_timeout_min >= 30
 
 
+def test_ddp_is_freed_before_its_process_group_is_destroyed(data_dir, tmp_path, monkeypatch):
+    """At the end of a run DDP's reducer is gone before destroy_process_group: were it the last holder of the gloo
+    group, freeing it after would join the group's thread while holding the GIL, a deadlock seen at exit (one worker
+    of a 2-process run hung after its last checkpoint)."""
+    import weakref
+    import torch.nn.parallel as parallel
+    reducers, alive = [], []
+
+    class WatchedDDP(parallel.DistributedDataParallel):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            reducers.append(weakref.ref(self.reducer))
+
+    real_destroy = train.dist.destroy_process_group
+    monkeypatch.setattr(parallel, "DistributedDataParallel", WatchedDDP)
+    monkeypatch.setattr(train.dist, "destroy_process_group",
+                        lambda *a, **k: (alive.extend(r() is not None for r in reducers), real_destroy(*a, **k))[1])
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", str(29500 + (os.getpid() + 7) % 1000))):
+        monkeypatch.setenv(key, value)
+    run(data_dir, tmp_path, "--max_steps=1", "--eval_interval=0")
+    assert alive == [False]
+
+
 def torchrun(nproc, out_dir, data_dir, *extra):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            os.path.join(HERE, "train.py"), *TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *extra]

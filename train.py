@@ -12,6 +12,7 @@ loss or gradient is skipped and logged; max_bad_steps + 1 of them in a row stop 
 line, exit status 1.
 """
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -325,7 +326,10 @@ def main(argv):
             break
 
     finish_checkpoint()                                                   # an async save still in flight
-    if ddp:
+    if ddp:   # DDP's reducer goes first, while the group lives: the last reference to a gloo group, dropped from
+        del train_step, objective  # outside destroy_process_group, joins its thread holding the GIL (a deadlock)
+        torch._dynamo.reset()                                             # compiled code refers to it too
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
 
