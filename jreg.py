@@ -117,15 +117,13 @@ class Profile:
 
 
 class JregObjective(nn.Module):
-    """CE and the penalty Σ_l w_l Ψ_l from one forward. Wraps the model so that torch.compile sees both as one graph."""
+    """CE and the penalty Σ_l w_l Ψ_l from one forward. Wraps the model so that torch.compile sees both as one graph;
+    compile_penalty: the penalty compiled on its own (FSDP, where the model is compiled in parts)."""
 
-    def __init__(self, model, cfg, compiled_parts=False):
+    def __init__(self, model, cfg, compile_penalty=False):
         super().__init__()
         self.model, self.cfg = model, cfg
-        self.displacement = torch.compile(displacement) if compiled_parts else displacement
-        if compiled_parts:                            # FSDP: the blocks are compiled apart; the top level too
-            model.norm.compile()
-            model.compile_loss = True
+        self.displacement = torch.compile(displacement) if compile_penalty else displacement
         self.register_buffer("weights", layer_weights(model.config.n_layer, cfg.jreg_alpha, cfg.jreg_weighting),
                              persistent=False)
 

@@ -103,6 +103,9 @@ def build(cfg, mcfg, device, bf16, init_sd):
         model.load_state_dict(init_sd)
     if cfg.fsdp:                                        # torchtitan's placement: each block compiled, then sharded
         from torch.distributed.fsdp import fully_shard
+        if cfg.compile:                                 # the top level in parts: final norm, the loss's chunks (head
+            model.norm.compile()                        # and cross-entropy); JregObjective compiles the penalty
+            model.compile_loss = True
         for block in model.layers:
             if cfg.compile:
                 block.compile()                         # in place: parameter names unchanged
@@ -265,7 +268,7 @@ def main(argv):
             if line:
                 print(line, flush=True)
 
-    objective = train_step = JregObjective(model, cfg, compiled_parts=cfg.compile and cfg.fsdp).to(device)
+    objective = train_step = JregObjective(model, cfg, compile_penalty=cfg.compile and cfg.fsdp).to(device)
     if ddp and not cfg.fsdp:                      # DDP before compile, as PyTorch documents: buckets overlap the backward
         from torch.nn.parallel import DistributedDataParallel as DDP
         objective = train_step = DDP(objective, device_ids=[device.index] if device.type == "cuda" else None)
