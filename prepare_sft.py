@@ -4,33 +4,12 @@ the model's own (apply_chat_template) for a --tokenizer hf:... that has one (con
     python prepare_sft.py --out_dir data/sft                     # Tulu v2 SFT mixture, streamed from the hub
     python prepare_sft.py --input chats.jsonl more.parquet --out_dir data/mine --seq_len 1024 --val_conversations 100
 
-Conversations: a hub set by name (streamed) or local .json/.jsonl(.gz)/.parquet files or a save_to_disk folder,
-read by `datasets`, in any of three schemas detected per record: ``messages`` [{role, content}], ShareGPT
-``conversations`` [{from: human|gpt|system, value}], Alpaca ``instruction``/``input``/``output``. After an
-optional first system message the turns must alternate user/assistant: leading assistant turns (a question
-missing) and a trailing user turn (no answer) are trimmed, anything else irregular is dropped as malformed (so is
-a record whose turns are not a list of objects with a string role and content, and one that a model's template
-refuses or does not render prefix by prefix). Files without records count as empty; an input without any record is
-an error ("no conversations").
-
-Prepared folder: ``sft_val_000000.bin`` (the first --val_conversations kept conversations) and
-``sft_train_000001.bin``, ... (--shard_conversations kept conversations each), token shards written by
-data.write_shard; beside each, ``<shard>.bin.mask``, a shard in the same format (tokenizer "loss-mask",
-vocabulary 2) holding one mask value per token, 1 where the token is a training target. A conversation is never
-split across shards and starts at its leading EOT, the only EOT with mask 0: that is how readers find conversation
-boundaries (in a model's template: at mask value 2, vocabulary 3). A conversation longer than --seq_len + 1 tokens
-is cut to that length and kept if a loss token remains. Before rendering, its contents are cut to (seq_len + 1) x
-(the longest token, in bytes; for a Hugging Face tokenizer in characters) characters in all, which make more than
-seq_len + 1 tokens whatever the text: the text beyond cannot reach the window and is never tokenised, so memory
-stays bounded whatever a record's size (for ordinary text the tokens kept are those of the whole text; tested).
-``manifest.json`` (kind "sft") records the arguments (with the tokenizer's fingerprint, and "chat_template": "ours"
-or 16 hex digits of the sha256 of the model's), every shard, the counts (COUNTS: records = kept + malformed +
-no_loss + cut_dropped; no_loss: no answer at all, cut_dropped: the cut left no answer token; truncated: kept
-conversations that were cut) and ``complete``; it is rewritten after each shard, so rerunning a killed command
-resumes after the last complete shard (skipping the input records it consumed) and gives byte-identical files.
-
-Training reads the folder with conversations.PackedStream (best-fit packing; its docstring says what packing
-shares between conversations, with the measured effect).
+Records in any of three schemas (messages, ShareGPT conversations, Alpaca), trimmed or dropped as malformed; each
+conversation cut to --seq_len + 1 tokens, its text cut before tokenising so that memory stays bounded; the val split
+first, then train shards of --shard_conversations each, with a mask shard beside each; manifest.json records the
+arguments, shards and COUNTS (records = kept + malformed + no_loss + cut_dropped), and is rewritten after each shard,
+so a killed command rerun resumes after its last complete shard with byte-identical files. The manual:
+docs/finetuning.md, "Data".
 """
 import argparse
 import hashlib
@@ -44,18 +23,13 @@ from functools import lru_cache
 import numpy as np
 
 from conversations import HEADERS, MASK_TOKENIZER, START, chat_template, render, render_template
-from data import get_tokenizer, load_manifest, open_sources, tokenizer_fingerprint, write_atomic, write_shard
+from data import MANIFEST, get_tokenizer, load_manifest, open_sources, tokenizer_fingerprint, write_atomic, write_shard
 
 
 DEFAULT_DATASET = "allenai/tulu-v2-sft-mixture"
-MANIFEST = "manifest.json"
 COUNTS = ("records", "kept", "trimmed", "truncated", "malformed", "no_loss", "cut_dropped", "tokens", "loss_tokens")
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
                   "bing": "assistant", "bard": "assistant", "system": "system"}
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The chat template
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -248,12 +222,6 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
     write_atomic(manifest_path, json.dumps(manifest, indent=1) + "\n")
     return manifest
 
-
-# ----------------------------------------------------------------------------------------------------------
-# Packing for training
-
-
-# ----------------------------------------------------------------------------------------------------------
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],

@@ -349,7 +349,7 @@ def test_command_line_errors(tmp_path, monkeypatch):
              (runs + ["--benchmarks", "mt_bench", "--step", "5"], "no checkpoint of step 5"),
              ([str(tmp_path / "nope"), "--benchmarks", "mt_bench"], "nope"),
              (runs + ["--benchmarks", "mt_bench", "--judge_key_env", "NO_SUCH_VAR_X"], "NO_SUCH_VAR_X"),
-             (runs + ["--benchmarks", "mt_bench", "--out", str(tmp_path / "ckpt_file" / "x.json")], "not writable")]
+             (runs + ["--benchmarks", "mt_bench", "--out", str(tmp_path / "ckpt_file" / "x.json")], "cannot be written")]
     (tmp_path / "ckpt_file").write_text("a file, not a folder")
     for argv, message in cases:
         with pytest.raises(SystemExit, match=message):
@@ -480,7 +480,7 @@ def test_out_or_cache_that_is_a_folder_is_refused_up_front(tmp_path, monkeypatch
     folder.mkdir()
     (folder / "kept.txt").write_text("x")
     for flag in ("--out", "--cache"):
-        with pytest.raises(SystemExit, match=f"error: {flag} {folder} is a folder"):
+        with pytest.raises(SystemExit, match=f"error: {flag} {folder} cannot be written: is a folder"):
             ce.main(runs + ["--benchmarks", "mt_bench", "--limit", "1", flag, str(folder)])
     assert loads == [] and not os.path.exists(f"{folder}.tmp") and os.listdir(folder) == ["kept.txt"]
 

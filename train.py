@@ -36,8 +36,7 @@ from runs import (
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The training objective: one forward gives CE, Ψ and the penalty
-
+# Data and schedule
 
 def data_streams(cfg, vocab_size, n_val):
     """(train stream, val batches source) for cfg.data_dir: prepare_sft.py conversations are packed (conversations.PackedStream),
