@@ -19,6 +19,7 @@ It times, interleaving the contenders so that machine noise hits all of them ali
 import argparse
 import dataclasses
 import statistics
+import sys
 import time
 from contextlib import nullcontext
 
@@ -29,7 +30,7 @@ from config import Config
 from generation import generate, generate_uncached
 from jreg import JregObjective, jreg_penalty
 from model import Llama, PRESETS, chunked_cross_entropy
-from runs import PEAK_FLOPS, check_device, peak_flops
+from runs import PEAK_FLOPS, check_device, int_at_least, peak_flops
 
 
 CLOCK = time.perf_counter      # --cpu_time: time.process_time, this process's CPU seconds (a machine shared)
@@ -249,38 +250,34 @@ def cfg_or(flag, setting):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.error = lambda message: sys.exit(f"error: {message}")      # one line and exit status 1, as every user error
     p.add_argument("--preset", default="small", choices=sorted(PRESETS))
-    p.add_argument("--vocab_size", type=int, default=None, help="override the preset's vocabulary")
+    p.add_argument("--vocab_size", type=int_at_least(1), default=None, help="override the preset's vocabulary")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="autocast dtype")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile (--memory: default, each config's setting)")
-    p.add_argument("--micro_batch", type=int, default=4)
-    p.add_argument("--seq_len", type=int, default=256)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--micro_batch", type=int_at_least(1), default=4)
+    p.add_argument("--seq_len", type=int_at_least(1), default=256)
+    p.add_argument("--warmup", type=int_at_least(0), default=3)
+    p.add_argument("--repeats", type=int_at_least(1), default=10)
     p.add_argument("--no_hf", action="store_true", help="skip the transformers comparison")
     p.add_argument("--generate", action="store_true", help="generation instead: KV cache vs recomputation")
-    p.add_argument("--prompt_len", type=int, default=128, help="--generate: prompt tokens")
-    p.add_argument("--max_new_tokens", type=int, default=64, help="--generate: new tokens per row")
+    p.add_argument("--prompt_len", type=int_at_least(1), default=128, help="--generate: prompt tokens")
+    p.add_argument("--max_new_tokens", type=int_at_least(1), default=64, help="--generate: new tokens per row")
     p.add_argument("--memory_probe", action="store_true", help="peak memory and step time: full vs chunked loss, "
                    "blocks stored vs checkpointed, measured beside the estimate")
     p.add_argument("--memory", nargs="+", metavar="CONFIG.py", help="the predicted peak per GPU of these configs")
-    p.add_argument("--world", type=int, default=8, help="--memory: processes (GPUs)")
+    p.add_argument("--world", type=int_at_least(1), default=8, help="--memory: processes (GPUs)")
     p.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=None, help="--memory: default, the config's")
     p.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=None,
                    help="--memory: activation checkpointing (default, the config's)")
     p.add_argument("--gpu_gib", type=float, default=79.6, help="--memory: a GPU's memory (an 80 GB H100: 79.6 GiB)")
-    p.add_argument("--loss_chunk", type=int, default=1024, help="--memory_probe: positions per chunk of the loss")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    p.add_argument("--loss_chunk", type=int_at_least(1), default=1024, help="--memory_probe: positions per chunk of the loss")
+    p.add_argument("--threads", type=int_at_least(0), default=0, help="CPU threads (0: torch's default)")
     p.add_argument("--cpu_time", action="store_true", help="time this process's CPU seconds, not wall seconds "
                    "(on a machine shared with other work; with --threads 1)")
-    args = p.parse_args(argv)
-    for name, low in (("micro_batch", 1), ("seq_len", 1), ("repeats", 1), ("warmup", 0), ("vocab_size", 1),
-                      ("prompt_len", 1), ("max_new_tokens", 1), ("world", 1), ("threads", 0), ("loss_chunk", 1)):
-        if getattr(args, name) is not None and getattr(args, name) < low:
-            raise SystemExit(f"error: --{name} must be at least {low}, got {getattr(args, name)}")
-    return args
+    return p.parse_args(argv)
 
 
 def bench_training(mcfg, device, args):

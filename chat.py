@@ -23,7 +23,7 @@ import sys
 
 from conversations import fit_context
 from generation import generate
-from runs import check_device, load_llama
+from runs import check_device, int_at_least, load_llama
 
 
 def shown_part(text, stop_texts):
@@ -101,29 +101,24 @@ def chat(model, enc, name, args):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.error = lambda message: sys.exit(f"error: {message}")      # one line and exit status 1, as every user error
     p.add_argument("run_dir", nargs="?", help="a run folder of train.py (or of SFT)")
-    p.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    p.add_argument("--step", type=int_at_least(0), help="checkpoint step (default: the latest)")
     p.add_argument("--hf", help="a Hugging Face Llama: hub name or local folder")
     p.add_argument("--gguf", help="a GGUF file inside the --hf folder")
     p.add_argument("--temperature", type=float, default=0.7, help="0: greedy")
-    p.add_argument("--top_k", type=int, default=50, help="sample among the k most likely tokens; 0: off (default 50, "
+    p.add_argument("--top_k", type=int_at_least(0), default=50, help="sample among the k most likely tokens; 0: off (default 50, "
                    "as Hugging Face's generate)")
     p.add_argument("--top_p", type=float, default=0.9, help="nucleus sampling mass, in (0, 1]")
-    p.add_argument("--max_new_tokens", type=int, default=None, help="per reply (default 256)")
+    p.add_argument("--max_new_tokens", type=int_at_least(1), default=256, help="per reply (default 256)")
     p.add_argument("--system", default="", help="a system message opening the conversation")
-    p.add_argument("--seed", type=int, help="seed of the sampler (default: unseeded)")
+    p.add_argument("--seed", type=int_at_least(0), help="seed of the sampler (default: unseeded)")
     p.add_argument("--device", default="cpu")
     args = p.parse_args(argv)
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
         raise SystemExit(f"error: --temperature must be finite and >= 0, not {args.temperature}")
     if not (0 < args.top_p <= 1):
         raise SystemExit(f"error: --top_p must be in (0, 1], not {args.top_p}")
-    for key in ("max_new_tokens",):
-        if getattr(args, key) is not None and getattr(args, key) < 1:
-            raise SystemExit(f"error: --{key} must be >= 1, not {getattr(args, key)}")
-    for key in ("step", "seed", "top_k"):
-        if getattr(args, key) is not None and getattr(args, key) < 0:
-            raise SystemExit(f"error: --{key} must be >= 0, not {getattr(args, key)}")
     if args.run_dir and args.hf:
         raise SystemExit("error: give a run folder or --hf, not both")
     if not (args.run_dir or args.hf):
@@ -139,7 +134,6 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     model, enc, name = load_llama(args.run_dir, args.step, args.hf, args.gguf, args.device)
-    args.max_new_tokens = args.max_new_tokens or 256
     chat(model, enc, name, args)
 
 

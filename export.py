@@ -5,19 +5,10 @@
     python export.py out/kjv_jreg hf/kjv_jreg --step 600 --dtype bfloat16    # or out/kjv_jreg@600
     python export.py out/kjv_jreg hf/kjv_jreg --overwrite         # replace an existing, non-empty OUT
 
-OUT holds model.safetensors and config.json (LlamaForCausalLM from model.Llama.to_hf; the padded vocabulary rows stay,
-so vocab_size is the model's), generation_config.json (bos = eos = pad = <|endoftext|>), tokenizer.json and
-tokenizer_config.json (a fast byte-level BPE built from the run's tiktoken ranks: gpt2, bytes, any tiktoken encoding
-that converts; checked on a sample text, else refused), prepare_sft.py's chat template as Jinja (chat_template.jinja, and in
-tokenizer_config.json with the keys transformers 4.x reads), and jreg.json: the source run, step, tokens, tokenizer and
-the run's JREG settings. The tokenizer adds no BOS/EOS to text. Generation stops at <|endoftext|>; chat.py also stops
-at the text "<|user|>": transformers' generate does so with stop_strings=["<|user|>"], tokenizer=tok.
-
-It encodes like tiktoken except in one place: the newline that ends a role header ("<|user|>\\n", ...) is always a
-token boundary, because prepare_sft.py encodes the header and the content separately; so apply_chat_template(messages,
-add_generation_prompt=True) gives exactly conversations.prompt_ids(messages) (not for contents that contain the text
-"<|endoftext|>", which the tokenizer reads as the special token). OUT is written to a temporary folder beside it,
-then renamed. A bad input is one `error:` line and exit status 1.
+OUT: the weights and config (model.Llama.to_hf), a fast byte-level BPE tokenizer built from the run's tiktoken ranks
+(or the run's own Hugging Face tokenizer, as it was) with our chat template as Jinja, and jreg.json (the source run and
+its JREG settings); written to a temporary folder, then renamed. The tokenizer encodes like tiktoken except that the
+newline ending a role header is always a token boundary, as our template encodes it: docs/export.md.
 """
 import argparse
 import json
@@ -29,12 +20,12 @@ import sys
 import torch
 
 from conversations import HEADERS, prompt_ids, render
-from data import HFTokenizer, tokenizer_tag
+from data import HFTokenizer, one_line, tokenizer_tag
 from runs import load_run
 
 
 EOT = "<|endoftext|>"
-# prepare_sft.py's chat template (its docstring is the record): EOT, then each turn's header and content; EOT closes each
+# conversations.render's chat template: EOT, then each turn's header and content; EOT closes each
 # assistant turn, "\n" separates turns; a generation prompt ends with the assistant header
 CHAT_TEMPLATE = (
     "{{ eos_token }}{% for m in messages %}"
@@ -48,7 +39,7 @@ SAMPLE = ("Hello, World! It's 1,234,567 o'clock; we'LL see... Ünïcödé, 日�
 
 def hf_tokenizer(enc, max_length=None):
     """A transformers fast tokenizer (byte-level BPE, TikTokenConverter's vocabulary and merges) that encodes and
-    decodes like the tiktoken Encoding `enc` (see the module docstring), with the chat template; SystemExit if not."""
+    decodes like the tiktoken Encoding `enc` (but for role headers' newlines), with the chat template; SystemExit if not."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
@@ -77,7 +68,7 @@ def hf_tokenizer(enc, max_length=None):
             prompt_ids(chat, enc) and tok.apply_chat_template(chat[:3], return_dict=False) == render(chat[:3], enc)[0]
     except Exception as e:
         raise SystemExit(f"error: tokenizer {enc.name!r} does not convert to a Hugging Face tokenizer: "
-                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+                         f"{one_line(e)}") from None
     if not same:
         raise SystemExit(f"error: tokenizer {enc.name!r}: the converted Hugging Face tokenizer does not encode "
                          "like tiktoken (checked on a sample text and conversation); it cannot be exported")

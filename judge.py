@@ -8,14 +8,12 @@ the rating parse, and the append-only cache that makes a rerun send no request t
     score = parse_rating(text)                    # the first [[x]], else the first [x]; none: -1
 """
 import email.utils
-import fcntl
 import hashlib
 import http.client
 import importlib.util
 import json
 import os
 import re
-import socket
 import sys
 import threading
 import time
@@ -247,19 +245,3 @@ def judge_answers(judge, prompts, questions, answers, references, cache, paralle
     finally:
         pool.shutdown(wait=wait, cancel_futures=True)
     return records
-
-
-def lock_output(path):
-    """An exclusive lock on path.lock for the life of this process, as train.py's lock_run for run folders (the kernel
-    drops it when the process dies): a second process writing the same output or cache is refused."""
-    f = open(f"{path}.lock", "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        raise SystemExit(f"error: {path} is in use by another chat_eval.py process ({f.read().strip() or 'unknown'}); "
-                         f"wait for it to finish or use another --out / --cache") from None
-    f.truncate(0)
-    f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    f.flush()
-    return f

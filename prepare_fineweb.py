@@ -4,7 +4,7 @@
     python prepare_fineweb.py --input "corpus/*.parquet" --out_dir data/local --max_tokens 50_000_000
     python prepare_fineweb.py --input corpus.jsonl --out_dir data/smol --tokenizer hf:path/to/model_folder
     python prepare_fineweb.py --bench --workers 2 [--tokenizer hf:DIR]           # vs the tokenizer's own batch call
-Shard format, layout, manifest, resume and errors: README, "Data".
+Shard format, layout, manifest, resume and errors: docs/data.md.
 """
 import argparse
 import itertools
@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from data import (
-    DATASET, DTYPES, MANIFEST, VERSION, HFTokenizer, _strays, _why, get_tokenizer, kjv_path, load_manifest,
-    open_sources, read_shard, tokenizer_fingerprint, write_atomic, write_shard)
+    DATASET, DTYPES, MANIFEST, VERSION, HFTokenizer, _strays, get_tokenizer, kjv_path, load_manifest,
+    one_line, open_sources, read_shard, tokenizer_fingerprint, write_atomic, write_shard)
 
 
 BATCH_DOCS = 1024  # documents read, and tokenised by one thread, at a time
@@ -43,7 +43,7 @@ def _batches(sources, field, resume):
                 if (batch := next(batches, None)) is None:
                     break
             except Exception as e:  # a malformed or truncated file, invalid UTF-8, ...
-                raise SystemExit(f"error: {desc}: {_why(e)}") from None
+                raise SystemExit(f"error: {desc}: {one_line(e)}") from None
             if (texts := batch.get(field)) is None:
                 raise SystemExit(f"error: {desc}: no text field {field!r} (fields: {', '.join(batch)}); choose one "
                                  "with --text_field")
@@ -95,7 +95,7 @@ def open_folder(out_dir, config, enc, overwrite):
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
-        raise SystemExit(f"error: --out_dir {out_dir}: {_why(e)}") from None
+        raise SystemExit(f"error: --out_dir {out_dir}: {one_line(e)}") from None
     for f in os.listdir(out_dir) if overwrite else []:  # remove the previous preparation, whatever its prefix
         if f.endswith((".bin", ".bin.tmp", MANIFEST, MANIFEST + ".tmp")):
             os.remove(os.path.join(out_dir, f))

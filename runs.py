@@ -14,13 +14,11 @@ With sharded_ckpt it is a folder ckpt_NNNNNNN/ instead: each rank's shard of the
 """
 import argparse
 import dataclasses
-import fcntl
 import json
 import os
 import platform
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from config import BEFORE, RESUMABLE, fail, model_config
-from data import HFTokenizer, get_tokenizer, tokenizer_fingerprint
+from data import HFTokenizer, get_tokenizer, lock_file, one_line, tokenizer_fingerprint
 from model import Llama, LlamaConfig
 
 
@@ -55,7 +53,7 @@ def load_checkpoint(path):
         ckpt = torch.load(os.path.join(path, "meta.pt") if sharded else path, map_location="cpu",
                           weights_only=False, mmap=not sharded)
     except Exception as e:
-        fail(f"cannot read checkpoint {path}: {_first_line(e)}")
+        fail(f"cannot read checkpoint {path}: {one_line(e)}")
     return {**ckpt, "model": None, "optimizer": None, "sharded": path} if sharded else ckpt
 
 
@@ -70,7 +68,7 @@ def model_state(ckpt):
     try:
         dcp.load(state, checkpoint_id=ckpt["sharded"], no_dist=True)
     except Exception as e:
-        fail(f"cannot read checkpoint {ckpt['sharded']}: {_first_line(e)}")
+        fail(f"cannot read checkpoint {ckpt['sharded']}: {one_line(e)}")
     return state["model"]
 
 
@@ -196,20 +194,19 @@ def init_weights_hf(name, tokenizer):
     where, local = f"init_from 'hf:{name}'", os.path.exists(name)
     path, gguf = os.path.split(name) if name.lower().endswith(".gguf") else (name, None)
     kwargs = _hf_kwargs(gguf)
-    why = lambda e: f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"   # noqa: E731
     if not local and (gguf or name.startswith((".", "/", "~")) or name.count("/") > 1):
         fail(f"{where}: no such {'GGUF file' if gguf else 'folder'}")
     try:
         model_type = AutoConfig.from_pretrained(path, **kwargs).model_type
     except Exception as e:
-        fail(f"{where}: cannot load its config ({why(e)})" + ("" if local else
+        fail(f"{where}: cannot load its config ({one_line(e, 200)})" + ("" if local else
              "; a hub name needs the network or a cached copy: offline, download it first or give a local folder"))
     if model_type != "llama":
         fail(f"{where} is a {model_type} model, not a Llama (the architecture this project trains)")
     try:
         hf = Llama.from_hf(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs))
     except Exception as e:
-        fail(f"{where}: cannot load the model ({why(e)})")
+        fail(f"{where}: cannot load the model ({one_line(e, 200)})")
     try:
         hf_tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     except Exception:
@@ -257,20 +254,10 @@ def restore(ckpt, model, optimizer, fsdp):
 
 
 def lock_run(out_dir):
-    """An exclusive lock on out_dir/run.lock for the life of this process (the kernel drops it when the process
-    dies, so a killed run never blocks its own resume). A second process in the same folder is refused."""
+    """out_dir/run.lock, held for the life of this process (data.lock_file): one training process per folder."""
     os.makedirs(out_dir, exist_ok=True)
-    f = open(os.path.join(out_dir, "run.lock"), "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        fail(f"{out_dir} is in use by another training process ({f.read().strip() or 'unknown'}); "
-             f"wait for it to finish or use another out_dir")
-    f.truncate(0)
-    f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    f.flush()
-    return f
+    return lock_file(os.path.join(out_dir, "run.lock"), f"{out_dir} is in use by another training process ({{holder}}); "
+                     "wait for it to finish or use another out_dir")
 
 
 def check_resume(cfg, mcfg, ckpt, path, data_id):
@@ -326,12 +313,6 @@ def peak_flops(device):
         return None
     name = torch.cuda.get_device_name(device)
     return next((peak for key, peak in PEAK_FLOPS if key in name), None)
-
-
-def _first_line(e, limit=240):
-    """An exception as one line: its type and its message with the line breaks folded, cut at `limit` characters."""
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:limit] + '…' if len(text) > limit else text}"
 
 
 def checkpoint_path(run_dir, step=None):
@@ -398,7 +379,7 @@ def load_hf(name_or_path, gguf_file=None, device="cpu", dtype=torch.float32, rev
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).to(device).eval()
     except Exception as e:
         raise SystemExit(f"error: could not load the {part} of Hugging Face model "
-                         f"{hf_name(name_or_path, gguf_file, revision)}: {_first_line(e)}") from e
+                         f"{hf_name(name_or_path, gguf_file, revision)}: {one_line(e)}") from e
     return model, tokenizer
 
 
@@ -411,7 +392,7 @@ def max_length_of(kind, path, step=None, gguf_file=None):
         return hf_max_length(AutoConfig.from_pretrained(path, **_hf_kwargs(gguf_file)))
     except Exception as e:
         raise SystemExit(f"error: could not load the config of Hugging Face model {hf_name(path, gguf_file)}: "
-                         f"{_first_line(e)}") from e
+                         f"{one_line(e)}") from e
 
 
 def check_device(device):
@@ -436,7 +417,7 @@ def check_writable(path, option, folder=False):
         raise SystemExit(f"error: {option} {path} cannot be written: {e.strerror or e}")
 
 
-def _int_at_least(minimum):
+def int_at_least(minimum):
     def parse(text):
         value = int(text)                                 # "nan", "1.5": argparse's "invalid int value"
         if value < minimum:

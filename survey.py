@@ -1,7 +1,7 @@
 """
 A jump survey: several models profiled on the same text with the same number of tokens each, both h_L conventions,
 one table sorted by ζ_L. The paper's claim that the final-layer jump is common across open-weight models, and grows
-during pre-training, as one command. Loading, windows and the profile itself are evaluate.py's.
+during pre-training, as one command. Loading, windows and the profile itself are runs.py's and profiles.py's.
 
     python survey.py --text genesis.txt --hf meta-llama/Llama-3.2-1B Qwen/Qwen2.5-0.5B google/gemma-2-2b --out s.json
     python survey.py --text genesis.txt --hf EleutherAI/pythia-160m@step1000 EleutherAI/pythia-160m@step143000 --plot p/
@@ -26,7 +26,7 @@ import torch
 
 from data import write_atomic
 from profiles import plot_profiles, profile_model, profile_target, text_windows
-from runs import _int_at_least, check_device, check_hf_source, check_writable, checkpoint_path, load_hf, load_run
+from runs import check_device, check_hf_source, check_writable, checkpoint_path, int_at_least, load_hf, load_run
 from tasks import HFModelLM, ModelLM
 
 
@@ -134,14 +134,14 @@ def table(results):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip())
     p.error = lambda message: sys.exit(f"error: {message}")
-    count = _int_at_least(1)
+    count = int_at_least(1)
     p.add_argument("--hf", nargs="+", default=[], help="hub names, local folders or .gguf files, each maybe @REVISION")
     p.add_argument("--runs", nargs="+", default=[], help="our run folders, each optionally @STEP")
     p.add_argument("--text", nargs="+", required=True, help="the text all models read (.txt; .jsonl/.json: text)")
     p.add_argument("--tokens", type=count, default=16384, help="tokens read per model (its own tokenizer)")
-    p.add_argument("--seq_len", type=_int_at_least(2), default=512, help="window length (at most max_length)")
+    p.add_argument("--seq_len", type=int_at_least(2), default=512, help="window length (at most max_length)")
     p.add_argument("--batch_size", type=count, default=4, help="windows per forward")
-    p.add_argument("--analysis_tokens", type=_int_at_least(-1), default=0,
+    p.add_argument("--analysis_tokens", type=int_at_least(-1), default=0,
                    help="tokens for the logit lens and skipped blocks (0: off, the default; -1: all)")
     p.add_argument("--out", help="results JSON, rewritten after each model")
     p.add_argument("--plot", help="write psi_profiles.png and, for series, zeta_over_checkpoints.png here")

@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
+from data import one_line
 from profiles import forward_streams, readout
-from runs import _first_line, hf_max_length
+from runs import hf_max_length
 
 
 # A task: its hub dataset (path, config) and the split the harness evaluates, with its number of documents n; build:
@@ -189,7 +190,7 @@ def load_task(task, data_dir=None, limit=None):
             if limit is None and len(ds) != spec.n:
                 print(f"warning: {task} has {len(ds)} documents, the harness's split has {spec.n}", file=sys.stderr)
     except Exception as e:
-        raise SystemExit(f"error: task {task}: cannot read {source} ({split} split): {_first_line(e)}"
+        raise SystemExit(f"error: task {task}: cannot read {source} ({split} split): {one_line(e)}"
                          + ("" if data_dir else " (offline? use --data_dir)")) from e
     rows = (ds.select(range(min(limit, len(ds)))) if limit else ds).to_list()
     if not rows:
@@ -197,7 +198,7 @@ def load_task(task, data_dir=None, limit=None):
     try:
         built = [build_doc(task, r) for r in rows]
     except (KeyError, ValueError, TypeError, SyntaxError) as e:
-        raise SystemExit(f"error: task {task}: a document of {source} is not in the hub's schema ({_first_line(e)})")
+        raise SystemExit(f"error: task {task}: a document of {source} is not in the hub's schema ({one_line(e)})")
     return TaskData(task, source, split, rows, built)
 
 

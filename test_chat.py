@@ -339,9 +339,9 @@ def test_chat_hf_folder(trained, enc, tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["r", "--temperature", "-1"], "--temperature must be finite"), (["r", "--temperature", "nan"], "--temperature"),
     (["r", "--top_p", "0"], r"--top_p must be in \(0, 1\]"), (["r", "--top_p", "1.5"], "--top_p"),
-    (["r", "--max_new_tokens", "0"], "--max_new_tokens must be >= 1"), (["r", "--step", "-1"], "--step must be >= 0"),
+    (["r", "--max_new_tokens", "0"], "argument --max_new_tokens: must be an integer >= 1"), (["r", "--step", "-1"], "argument --step: must be an integer >= 0"),
     ([], "give a run folder or --hf"), (["r", "--hf", "x"], "give a run folder or --hf, not both"), (["r", "--gguf", "f"], "--gguf needs --hf"),
-    (["r", "--top_k", "-1"], "--top_k must be >= 0"), (["/nonexistent/run"], "run folder /nonexistent/run does not exist"),
+    (["r", "--top_k", "-1"], "argument --top_k: must be an integer >= 0"), (["/nonexistent/run"], "run folder /nonexistent/run does not exist"),
 ])
 def test_option_errors(argv, message):
     with pytest.raises(SystemExit, match="error: " + message):

@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 import chat_eval as ce
+import data as D
 import judge as J
 
 pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
@@ -341,7 +342,7 @@ def test_command_line_end_to_end(tmp_path, monkeypatch, judge_server, capsys):
 
 def test_command_line_errors(tmp_path, monkeypatch):
     runs = _fake_runs(tmp_path, monkeypatch, [])
-    cases = [([], "run folders or --hf"), (runs + ["--parallel", "0"], "--parallel must be >= 1"),
+    cases = [([], "run folders or --hf"), (runs + ["--parallel", "0"], "argument --parallel: must be an integer >= 1"),
              (runs + ["--backoff", "nan"], "--backoff must be finite"), (runs + ["--timeout", "0"], "--timeout must"),
              (runs, "benchmark wizardlm needs --wizardlm"),
              (runs + ["--benchmarks", "mt_bench,alpaca"], "unknown benchmark"),
@@ -404,9 +405,9 @@ def test_a_second_process_on_the_same_output_is_refused(tmp_path, monkeypatch):
             ce.main(argv)
     assert loads == [] and not out.exists()
     assert ce.main(argv) == 0 and out.exists()                   # released: runs
-    first = J.lock_output(str(out))
+    first = D.lock_file(f"{out}.lock", "held")                  # the refusal names the holder
     with pytest.raises(SystemExit, match=f"error: {out} is in use by another chat_eval.py process \\(pid {os.getpid()}"):
-        J.lock_output(str(out))
+        ce.main(argv)
     first.close()
 
 
