@@ -141,12 +141,10 @@ def answer_questions(questions, label, model_id, answer_fn, cache, max_new_token
 
 
 def model_answer_fn(model, enc, max_new_tokens=1024, seed=0):
-    """answer_fn of our Llama: chat.py's prompt (prepare_sft.py's template, or a --hf tokenizer's own) and generate, as
-    FastChat's gen_model_answer: the whole conversation is the prompt (no turn is dropped) and the new tokens are
-    capped at what is left of the context. Recorded: prompt_tokens, and limit "context" when that cap (below
-    max_new_tokens) ended the answer, "no_room" when the prompt alone fills the context (the answer is then empty).
-    Sampling: temperature and top_k 50 (HF generate's default, which FastChat's do_sample gets), seeded per
-    conversation."""
+    """answer_fn of our Llama: conversations.chat_prompt and generate, as FastChat's gen_model_answer (the whole
+    conversation is the prompt, the new tokens capped at what is left of the context; top_k 50, seeded per
+    conversation). Recorded: prompt_tokens, and limit "context" when that cap (below max_new_tokens) ended the
+    answer, "no_room" when the prompt alone fills the context (the answer is then empty)."""
     ctx = model.config.max_seq_len
 
     def answer(messages, temperature):

@@ -104,7 +104,7 @@ def best_fit(lengths, order, capacity):
 
 
 class PackedStream:
-    """Window k of an endless stream of packed conversations (the interface of train.ShardStream).
+    """Window k of an endless stream of packed conversations (the interface of data.ShardStream).
 
     The conversations of `split` are packed once, best-fit into windows of seq_len + 1 tokens, in an order drawn
     from seed (in stored order for val); epoch e = k // per_epoch visits the windows in an order drawn from
@@ -217,7 +217,7 @@ def render_template(messages, enc, limit=None):
 
 
 def chat_prompt(messages, enc):
-    """prepare_sft.py's chat template; a Hugging Face tokenizer's own chat template where it has one."""
+    """The prompt of a chat: our template (prompt_ids); a Hugging Face tokenizer's own chat template where it has one."""
     return template_ids(messages, enc, prompt=True) if chat_template(enc) else prompt_ids(messages, enc)
 
 

@@ -141,7 +141,7 @@ def profile_model(model, windows, analysis_tokens=None, progress=False):
 
 
 def text_windows(lm, files, n, seq_len):
-    """The first n (or fewer) windows of seq_len + 1 tokens, seq_len apart as train.val_windows cuts them, of text
+    """The first n (or fewer) windows of seq_len + 1 tokens, seq_len apart as data.val_windows cuts them, of text
     files (.txt: one document; .jsonl[.gz] / .json: each record's `text`), each document followed by end-of-text."""
     import datasets
     stream = []

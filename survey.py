@@ -71,7 +71,7 @@ def check(args):
 
 
 def load(m, device, dtype):
-    """(model to profile, an evaluate.py LM for its tokenizer, source record) of one parsed model."""
+    """(model to profile, a tasks.py LM for its tokenizer, source record) of one parsed model."""
     if m["kind"] == "run":
         model, tokenizer, meta = load_run(m["path"], m["step"], device, dtype)
         return model, ModelLM(model, tokenizer, m["spec"]), {"checkpoint": meta["checkpoint"], "step": meta["step"]}
