@@ -273,7 +273,8 @@ def parse_args(argv=None):
     p.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=None,
                    help="--memory: activation checkpointing (default, the config's)")
     p.add_argument("--gpu_gib", type=float, default=79.6, help="--memory: a GPU's memory (an 80 GB H100: 79.6 GiB)")
-    p.add_argument("--loss_chunk", type=int_at_least(1), default=1024, help="--memory_probe: positions per chunk of the loss")
+    p.add_argument("--loss_chunk", type=int_at_least(1), default=1024,
+                   help="--memory_probe: positions per chunk of the loss")
     p.add_argument("--threads", type=int_at_least(0), default=0, help="CPU threads (0: torch's default)")
     p.add_argument("--cpu_time", action="store_true", help="time this process's CPU seconds, not wall seconds "
                    "(on a machine shared with other work; with --threads 1)")

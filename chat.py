@@ -107,8 +107,8 @@ def parse_args(argv=None):
     p.add_argument("--hf", help="a Hugging Face Llama: hub name or local folder")
     p.add_argument("--gguf", help="a GGUF file inside the --hf folder")
     p.add_argument("--temperature", type=float, default=0.7, help="0: greedy")
-    p.add_argument("--top_k", type=int_at_least(0), default=50, help="sample among the k most likely tokens; 0: off (default 50, "
-                   "as Hugging Face's generate)")
+    p.add_argument("--top_k", type=int_at_least(0), default=50, help="sample among the k most likely tokens; 0: off "
+                   "(default 50, as Hugging Face's generate)")
     p.add_argument("--top_p", type=float, default=0.9, help="nucleus sampling mass, in (0, 1]")
     p.add_argument("--max_new_tokens", type=int_at_least(1), default=256, help="per reply (default 256)")
     p.add_argument("--system", default="", help="a system message opening the conversation")

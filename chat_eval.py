@@ -298,11 +298,14 @@ def parse_args(argv=None):
     p.add_argument("--judge_model", help="the judge's model name at that API")
     p.add_argument("--judge_key_env", default="OPENAI_API_KEY", help="env var holding the API key (unset: no key)")
     p.add_argument("--parallel", type=int_at_least(1), default=4, help="concurrent judge requests")
-    p.add_argument("--retries", type=int_at_least(0), default=5, help="retries of a request on 429 / 5xx / connection errors")
+    p.add_argument("--retries", type=int_at_least(0), default=5,
+                   help="retries of a request on 429 / 5xx / connection errors")
     p.add_argument("--backoff", type=float, default=2.0, help="seconds before the first retry, doubling")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per judge request")
-    p.add_argument("--judge_max_tokens", type=int_at_least(1), default=JUDGE_MAX_TOKENS, help="max_tokens of a judgment (2048)")
-    p.add_argument("--max_new_tokens", type=int_at_least(1), default=1024, help="answer length limit (FastChat's default)")
+    p.add_argument("--judge_max_tokens", type=int_at_least(1), default=JUDGE_MAX_TOKENS,
+                   help="max_tokens of a judgment (2048)")
+    p.add_argument("--max_new_tokens", type=int_at_least(1), default=1024,
+                   help="answer length limit (FastChat's default)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed of answers; bootstrap seed")
     p.add_argument("--n_boot", type=int_at_least(1), default=10000, help="bootstrap and permutation draws")
     p.add_argument("--device", default="auto")

@@ -217,7 +217,7 @@ def render_template(messages, enc, limit=None):
 
 
 def chat_prompt(messages, enc):
-    """The prompt of a chat: our template (prompt_ids); a Hugging Face tokenizer's own chat template where it has one."""
+    """The prompt of a chat: our template (prompt_ids), or the tokenizer's own chat template if it has one."""
     return template_ids(messages, enc, prompt=True) if chat_template(enc) else prompt_ids(messages, enc)
 
 

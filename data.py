@@ -108,8 +108,8 @@ def get_tokenizer(name):
             return tiktoken.Encoding(**{**openai_public.r50k_base(), "name": "gpt2"})
         return tiktoken.get_encoding(name)
     except Exception as e:
-        raise SystemExit(f"error: cannot load tokenizer {name!r} ({one_line(e, 80)}); offline, put its .tiktoken file in "
-                         "$TIKTOKEN_CACHE_DIR (for gpt2: pip install --no-deps mlx-whisper==0.4.3)") from None
+        raise SystemExit(f"error: cannot load tokenizer {name!r} ({one_line(e, 80)}); offline, put its .tiktoken file "
+                         "in $TIKTOKEN_CACHE_DIR (for gpt2: pip install --no-deps mlx-whisper==0.4.3)") from None
 
 
 def _hf_tokenizer(name):
@@ -201,8 +201,8 @@ def _same_tokenizer(tag, want):  # header tags: Hugging Face ones by their finge
 
 
 def write_shard(path, tokens, *, tokenizer, vocab_size, eot_token):
-    """One shard: the 256-byte header (docs/data.md, "Shard format") then the tokens, written atomically. tokenizer: a name
-    or a tokenizer (its tokenizer_tag goes in the header)."""
+    """One shard: the 256-byte header (docs/data.md, "Shard format") then the tokens, written atomically. tokenizer: a
+    name or a tokenizer (its tokenizer_tag goes in the header)."""
     dtype = DTYPES[2 if vocab_size <= 1 << 16 else 4]  # uint16 when every id fits
     tokens = np.ascontiguousarray(tokens, dtype=dtype)
     header = HEADER.pack(MAGIC, VERSION, dtype.itemsize, vocab_size, eot_token, len(tokens),

@@ -39,7 +39,8 @@ SAMPLE = ("Hello, World! It's 1,234,567 o'clock; we'LL see... Ünïcödé, 日�
 
 def hf_tokenizer(enc, max_length=None):
     """A transformers fast tokenizer (byte-level BPE, TikTokenConverter's vocabulary and merges) that encodes and
-    decodes like the tiktoken Encoding `enc` (but for role headers' newlines), with the chat template; SystemExit if not."""
+    decodes like the tiktoken Encoding `enc` (but for role headers' newlines), with the chat template; SystemExit if
+    not."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
