@@ -29,7 +29,7 @@ from conversations import chat_prompt
 from data import lock_file, write_atomic
 from generation import generate
 from judge import Cache, JUDGE_MAX_TOKENS, Judge, NEED_REF_CATS, category, digest, fastchat_data, judge_answers, load_judge_prompts
-from runs import check_writable, int_at_least, list_checkpoints, load_llama
+from runs import check_device, check_writable, int_at_least, list_checkpoints, load_llama
 
 
 TEMPERATURE = {"writing": 0.7, "roleplay": 0.7, "extraction": 0.0, "math": 0.0, "coding": 0.0, "reasoning": 0.0,
@@ -378,8 +378,8 @@ def run(argv, locks):
         if path:
             check_writable(path, what)
     for path in dict.fromkeys(filter(None, (args.out, cache_path))):
-        locks.enter_context(lock_file(f"{path}.lock", f"{path} is in use by another chat_eval.py process ({{holder}}); "
-                                      "wait for it to finish or use another --out / --cache"))
+        locks.enter_context(lock_file(f"{path}.lock", f"{path} is in use by another chat_eval.py process "
+                                      "({holder}); wait for it to finish or use another --out / --cache"))
     sources = {"mt_bench": "mt_bench" in benches and (args.mt_bench or fastchat_data("mt_bench", "question.jsonl")),
                "vicuna": args.vicuna, "wizardlm": args.wizardlm}
     questions = {b: load_questions(sources[b], args.limit) for b in benches}
@@ -398,7 +398,7 @@ def run(argv, locks):
         prompts = load_judge_prompts(prompts_file)
     specs = model_specs(args)
     cache = Cache(cache_path)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    device = check_device(args.device)
 
     answers, labels, limits = {}, {}, {}
     for label, model_id, (kind, path, step) in specs:

@@ -57,13 +57,14 @@ def write_atomic(path, data):
 
 def lock_file(path, refusal):
     """An exclusive lock on `path` for the life of this process (the kernel drops it when the process dies, so a killed
-    process never blocks its own rerun). A second process is refused: `error: {refusal}`, naming the holder."""
+    process never blocks its own rerun). A second process is refused: `error: {refusal}`, its "{holder}" replaced by
+    the holder's pid, host and start time."""
     f = open(path, "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         f.seek(0)
-        raise SystemExit("error: " + refusal.format(holder=f.read().strip() or "unknown")) from None
+        raise SystemExit("error: " + refusal.replace("{holder}", f.read().strip() or "unknown")) from None
     f.truncate(0)
     f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     f.flush()

@@ -256,8 +256,8 @@ def restore(ckpt, model, optimizer, fsdp):
 def lock_run(out_dir):
     """out_dir/run.lock, held for the life of this process (data.lock_file): one training process per folder."""
     os.makedirs(out_dir, exist_ok=True)
-    return lock_file(os.path.join(out_dir, "run.lock"), f"{out_dir} is in use by another training process ({{holder}}); "
-                     "wait for it to finish or use another out_dir")
+    return lock_file(os.path.join(out_dir, "run.lock"), f"{out_dir} is in use by another training process "
+                     "({holder}); wait for it to finish or use another out_dir")
 
 
 def check_resume(cfg, mcfg, ckpt, path, data_id):

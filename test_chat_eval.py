@@ -409,6 +409,11 @@ def test_a_second_process_on_the_same_output_is_refused(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match=f"error: {out} is in use by another chat_eval.py process \\(pid {os.getpid()}"):
         ce.main(argv)
     first.close()
+    braces = str(tmp_path / "{run} {0}.json")                    # a path is text, never a format string
+    first = D.lock_file(f"{braces}.lock", "held")
+    with pytest.raises(SystemExit, match=re.escape(f"error: {braces} is in use by another chat_eval.py process (pid ")):
+        ce.main(runs[:1] + ["--benchmarks", "mt_bench", "--limit", "1", "--out", braces])
+    first.close()
 
 
 def test_a_redirect_never_carries_the_key(judge_server):
