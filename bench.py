@@ -9,6 +9,8 @@ Speed, measured side by side in one run (ratios, not absolute claims). Random to
                                                       # blocks stored vs checkpointed; and their step times
     python bench.py --memory configs/1b_jreg.py --world 8 [--fsdp] [--compile] [--checkpointing]
                                                       # the predicted peak per GPU of a config, by part
+    python bench.py --against 9146661 --compile       # the training forward + backward of model.py now vs at a git
+                                                      # revision (an ablation vs main: --against main), same weights
 
 It times, interleaving the contenders so that machine noise hits all of them alike (median of --repeats):
   1. forward + backward: our Llama vs transformers' LlamaForCausalLM with the same weights (skipped without
@@ -18,7 +20,9 @@ It times, interleaving the contenders so that machine noise hits all of them ali
 """
 import argparse
 import dataclasses
+import os
 import statistics
+import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -115,13 +119,14 @@ def estimate(mcfg, micro_batch, seq_len, mode="autocast", checkpointing=False, l
 
 
 def race(contenders, device, warmup, repeats):
-    """Median seconds per call of each contender, interleaved."""
+    """Median seconds per call of each contender, interleaved, in reverse order every other round (so that neither
+    the first nor the last place favours a contender)."""
     for fn in contenders.values():
         for _ in range(warmup):
             fn()
     times = {name: [] for name in contenders}
-    for _ in range(repeats):
-        for name, fn in contenders.items():
+    for r in range(repeats):
+        for name, fn in list(contenders.items())[::-1 if r % 2 else 1]:
             times[name].append(timed(fn, device))
     return {name: statistics.median(t) for name, t in times.items()}
 
@@ -147,6 +152,18 @@ def bench_generation(model, args):
     print(f"speed-up of the cache: {t['uncached'] / t['cached']:.2f}x; same tokens: {same}")
 
 
+def fwd_bwd(run, x, y, autocast, **kwargs):
+    """Forward + backward of the λ = 1 training loss of run (CE + the penalty, as JregObjective); returns the loss."""
+    def fn():
+        with autocast:
+            out = run(x, y, **kwargs)
+            loss = out.loss + jreg_penalty(out.hidden_states, 1.0)
+        del out
+        loss.backward()
+        return loss.detach()
+    return fn
+
+
 def bench_memory(mcfg, device, args):
     """--memory_probe: measured peaks beside estimate()'s, and step times, of one λ = 1 training step (forward +
     backward, gradients already allocated): the full-logits loss vs the chunked one, blocks stored vs checkpointed."""
@@ -159,16 +176,6 @@ def bench_memory(mcfg, device, args):
     run = torch.compile(model) if args.compile else model
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
-
-    def step(return_logits):
-        def fn():
-            with autocast:
-                out = run(x, y, return_logits=return_logits)
-                loss = out.loss + jreg_penalty(out.hidden_states, 1.0)          # as JregObjective, λ = 1
-            del out
-            loss.backward()
-        return fn
-
     print(f"memory probe {args.preset}: {mcfg.n_layer} layers, d={mcfg.d_model}, vocab {mcfg.vocab_size} | batch "
           f"{args.micro_batch}x{args.seq_len} | {device} {args.dtype} | compile={bool(args.compile)} | peaks: "
           f"{'max_memory_allocated' if device.type == 'cuda' else 'torch.profiler'}, beyond weights and gradients")
@@ -189,21 +196,47 @@ def bench_memory(mcfg, device, args):
     print(f"{'training step':24s} {'peak MB':>9s} {'estimate MB':>12s} {'est/meas':>9s}")
     for name, (full, ckpt) in variants.items():
         model.checkpoint_blocks = ckpt
-        fns[name] = fn = step(full)
+        fns[name] = fn = fwd_bwd(run, x, y, autocast, return_logits=full)
         fn()                                                              # warm-up (and compilation)
         peak = measured_peak(fn, device)
         e = estimate(mcfg, args.micro_batch, args.seq_len, mode, ckpt, 0 if full else model.loss_chunk,
                      compiled=bool(args.compile))
         predicted = e["activations"] + e["logits"]
         print(f"{name:24s} {peak / 1e6:9.1f} {predicted / 1e6:12.1f} {predicted / peak:9.3f}")
-    times = {}
+    t = {}
     for name, (full, ckpt) in variants.items():                          # one variant at a time: the flag is global
         model.checkpoint_blocks = ckpt
-        times.update(race({name: fns[name]}, device, args.warmup, args.repeats))
-    t = times
+        t.update(race({name: fns[name]}, device, args.warmup, args.repeats))
     print(f"step time: full {1e3 * t['full logits']:.1f} ms, chunked {1e3 * t['chunked loss']:.1f} ms "
           f"(chunked / full = {t['chunked loss'] / t['full logits']:.3f}), checkpointed "
           f"{1e3 * t['chunked + checkpointing']:.1f} ms ({t['chunked + checkpointing'] / t['chunked loss']:.3f}x)")
+
+
+def bench_against(mcfg, device, args):
+    """--against REV: forward + backward of the training loss (CE + the λ = 1 penalty) through model.py as it is and
+    as it was at git revision REV, with the same weights, interleaved; and whether the two give the same numbers."""
+    found = subprocess.run(["git", "show", f"{args.against}:model.py"], capture_output=True, text=True,
+                           cwd=os.path.dirname(os.path.abspath(__file__)))
+    if found.returncode:
+        raise SystemExit(f"error: --against {args.against}: {found.stderr.strip()}")
+    then = {}
+    exec(compile(found.stdout, f"{args.against}:model.py", "exec"), then)
+    fields = {f.name for f in dataclasses.fields(then["LlamaConfig"])}
+    torch.manual_seed(0)
+    x, y = (torch.randint(0, mcfg.vocab_size, (args.micro_batch, args.seq_len), device=device) for _ in "xy")
+    now = Llama(mcfg).to(device)
+    old = then["Llama"](then["LlamaConfig"](**{k: v for k, v in dataclasses.asdict(mcfg).items() if k in fields}))
+    old.load_state_dict(now.state_dict())
+    old = old.to(device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
+    contenders = {name: fwd_bwd(torch.compile(m) if args.compile else m, x, y, autocast)
+                  for name, m in (("now", now), (args.against, old))}
+    same = bool(torch.equal(*(fn() for fn in contenders.values())))
+    t = race(contenders, device, args.warmup, args.repeats)
+    print(f"{args.preset}: {mcfg.n_layer} layers, d={mcfg.d_model} | batch {args.micro_batch}x{args.seq_len} | {device} "
+          f"{args.dtype} | compile={bool(args.compile)} | torch {torch.__version__}")
+    print(f"training forward + backward: now {1e3 * t['now']:.1f} ms, {args.against} {1e3 * t[args.against]:.1f} ms; "
+          f"speed now / {args.against} = {t[args.against] / t['now']:.3f}x; same loss: {same}")
 
 
 def memory_table(args):
@@ -268,6 +301,7 @@ def parse_args(argv=None):
     p.add_argument("--memory_probe", action="store_true", help="peak memory and step time: full vs chunked loss, "
                    "blocks stored vs checkpointed, measured beside the estimate")
     p.add_argument("--memory", nargs="+", metavar="CONFIG.py", help="the predicted peak per GPU of these configs")
+    p.add_argument("--against", metavar="REV", help="model.py now vs at this git revision: training forward + backward")
     p.add_argument("--world", type=int_at_least(1), default=8, help="--memory: processes (GPUs)")
     p.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=None, help="--memory: default, the config's")
     p.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=None,
@@ -374,6 +408,8 @@ def main(argv=None):
         return bench_generation(Llama(mcfg).to(device).eval(), args)
     if args.memory_probe:
         return bench_memory(mcfg, device, args)
+    if args.against:
+        return bench_against(mcfg, device, args)
     bench_training(mcfg, device, args)
 
 

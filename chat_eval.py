@@ -29,7 +29,7 @@ from conversations import chat_prompt
 from data import lock_file, write_atomic
 from generation import generate
 from judge import Cache, JUDGE_MAX_TOKENS, Judge, NEED_REF_CATS, category, digest, fastchat_data, judge_answers, load_judge_prompts
-from runs import check_device, check_writable, int_at_least, list_checkpoints, load_llama
+from runs import check_device, check_writable, checkpoint_path, int_at_least, list_checkpoints, load_llama
 
 
 TEMPERATURE = {"writing": 0.7, "roleplay": 0.7, "extraction": 0.0, "math": 0.0, "coding": 0.0, "reasoning": 0.0,
@@ -346,12 +346,8 @@ def model_specs(args):
     """[(label, model_id, (kind, path, step))]; a run's id names its checkpoint, so the cache never mixes two."""
     specs = []
     for run in args.runs:
-        steps = [s for s, _ in list_checkpoints(run)]
-        if not steps:
-            raise SystemExit(f"error: no checkpoints (ckpt_*.pt) in {run}")
-        step = steps[-1] if args.step is None else args.step
-        if step not in steps:
-            raise SystemExit(f"error: no checkpoint of step {step} in {run} (steps: {steps})")
+        checkpoint_path(run, args.step)                   # one error line when the run has no such checkpoint
+        step = list_checkpoints(run)[-1][0] if args.step is None else args.step
         specs.append((os.path.basename(os.path.normpath(run)), f"{os.path.abspath(run)}@{step}", ("run", run, step)))
     for name in args.hf:
         specs.append((os.path.basename(os.path.normpath(args.gguf or name)), f"hf:{name}:{args.gguf or ''}",

@@ -23,7 +23,8 @@ from functools import lru_cache
 import numpy as np
 
 from conversations import HEADERS, MASK_TOKENIZER, START, chat_template, render, render_template
-from data import MANIFEST, get_tokenizer, load_manifest, open_sources, tokenizer_fingerprint, write_atomic, write_shard
+from data import (
+    MANIFEST, get_tokenizer, load_manifest, one_line, open_sources, tokenizer_fingerprint, write_atomic, write_shard)
 
 
 DEFAULT_DATASET = "allenai/tulu-v2-sft-mixture"
@@ -78,7 +79,7 @@ def records(sources):
             try:
                 record = next(it, None)
             except Exception as e:  # a malformed or truncated file
-                raise SystemExit(f"error: {desc}: {' '.join(f'{type(e).__name__}: {e}'.split())[:300]}") from None
+                raise SystemExit(f"error: {desc}: {one_line(e, 300)}") from None
             if record is None:
                 break
             yield f"{desc} record {i}", record
@@ -184,8 +185,7 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
     counts, t0, elapsed = manifest["counts"], time.time(), manifest["elapsed_s"]
     if counts["records"]:
         log(f"resuming after {len(manifest['shards'])} shards ({counts['records']:,} records)")
-    stream = conversations(itertools.islice(records(sources), counts["records"], None), enc,
-                           seq_len, counts)
+    stream = conversations(itertools.islice(records(sources), counts["records"], None), enc, seq_len, counts)
 
     def write(split_name, index, convs):
         ids, mask = np.concatenate([c[0] for c in convs]), np.concatenate([c[1] for c in convs])

@@ -364,3 +364,19 @@ def test_bench(capsys):
                 "--micro_batch", "1"])
     out = capsys.readouterr().out
     assert "cached" in out and "uncached" in out and "same tokens: True" in out
+
+
+def test_bench_against_a_revision_of_model_py(capsys, monkeypatch):
+    """--against REV races model.py now against model.py at a git revision with the same weights, and says whether
+    the two compute the same loss: they do at HEAD, and an ablation of the attention now makes them differ."""
+    import bench
+    argv = ["--against", "HEAD", "--preset", "tiny", "--vocab_size", "320", "--seq_len", "32", "--micro_batch", "2",
+            "--repeats", "1", "--warmup", "0"]
+    bench.main(argv)
+    assert "speed now / HEAD = " in (out := capsys.readouterr().out) and "same loss: True" in out
+    forward = Attention.forward
+    monkeypatch.setattr(Attention, "forward", lambda self, *a, **k: 3.0 * forward(self, *a, **k))
+    bench.main(argv)
+    assert "same loss: False" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="error: --against no-such-rev: "):
+        bench.main(["--against", "no-such-rev", "--preset", "tiny"])

@@ -347,7 +347,7 @@ def test_command_line_errors(tmp_path, monkeypatch):
              (runs, "benchmark wizardlm needs --wizardlm"),
              (runs + ["--benchmarks", "mt_bench,alpaca"], "unknown benchmark"),
              (runs + ["--benchmarks", "mt_bench", "--judge_url", "http://x/v1"], "--judge_url needs --judge_model"),
-             (runs + ["--benchmarks", "mt_bench", "--step", "5"], "no checkpoint of step 5"),
+             (runs + ["--benchmarks", "mt_bench", "--step", "5"], "--step 5: no such checkpoint"),
              ([str(tmp_path / "nope"), "--benchmarks", "mt_bench"], "nope"),
              (runs + ["--benchmarks", "mt_bench", "--judge_key_env", "NO_SUCH_VAR_X"], "NO_SUCH_VAR_X"),
              (runs + ["--benchmarks", "mt_bench", "--out", str(tmp_path / "ckpt_file" / "x.json")], "cannot be written")]
