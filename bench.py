@@ -252,7 +252,7 @@ def memory_table(args):
     for path in args.memory:
         cfg = load_config([path])
         mcfg = model_config(cfg)
-        fsdp, compiled, ckpt = (cfg_or(getattr(args, k), getattr(cfg, a, False)) for k, a in
+        fsdp, compiled, ckpt = (getattr(cfg, a) if getattr(args, k) is None else getattr(args, k) for k, a in
                                 (("fsdp", "fsdp"), ("compile", "compile"), ("checkpointing", "activation_checkpointing")))
         mode = "fp32" if cfg.dtype == "float32" else "autocast"
 
@@ -275,10 +275,6 @@ def memory_table(args):
             fits += [f"micro_batch={m} ({total(m, ckpt)[0]['total'] / gib:.1f} GiB)" for m in range(cfg.micro_batch - 1, 0, -1)
                      if cfg.micro_batch % m == 0 and fit(m, ckpt)][:1]
             print(f"  {path}: under 10% margin; needs {' or '.join(fits) or 'more GPUs (FSDP) or a shorter seq_len'}")
-
-
-def cfg_or(flag, setting):
-    return setting if flag is None else flag
 
 
 def parse_args(argv=None):
@@ -318,8 +314,7 @@ def parse_args(argv=None):
 def bench_training(mcfg, device, args):
     """Forward + backward ours vs Hugging Face, and full training steps λ = 0 vs λ = 1 (vs HF), interleaved."""
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
-    x = torch.randint(0, mcfg.vocab_size, (args.micro_batch, args.seq_len), device=device)
-    y = torch.randint(0, mcfg.vocab_size, (args.micro_batch, args.seq_len), device=device)
+    x, y = (torch.randint(0, mcfg.vocab_size, (args.micro_batch, args.seq_len), device=device) for _ in "xy")
     tokens = x.numel()
 
     def train_step_fn(step_model, params):
