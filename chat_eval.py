@@ -370,9 +370,8 @@ def run(argv, locks):
     args = parse_args(argv)
     benches = check_args(args)
     cache_path = args.cache or (os.path.splitext(args.out)[0] + ".cache.jsonl" if args.out else "chat_eval_cache.jsonl")
-    for path, what in ((args.out, "--out"), (cache_path, "--cache")):
-        if path:
-            check_writable(path, what)
+    check_writable(args.out, "--out")
+    check_writable(cache_path, "--cache")
     for path in dict.fromkeys(filter(None, (args.out, cache_path))):
         locks.enter_context(lock_file(f"{path}.lock", f"{path} is in use by another chat_eval.py process "
                                       "({holder}); wait for it to finish or use another --out / --cache"))

@@ -13,7 +13,6 @@ Each piece is encoded on its own with tiktoken's encode_ordinary, so role header
 with mask 0. In a model's template the eos may also close user turns, so there the mask has vocabulary 3 and a
 conversation's first token has mask START (2), never a target.
 """
-import json
 import os
 
 import numpy as np
@@ -58,16 +57,9 @@ def prompt_ids(messages, enc):
 
 
 def is_conversations(data_dir):
-    """Whether data_dir holds conversations prepared by this file (its manifest says kind "sft"), not plain text:
+    """Whether data_dir holds conversations prepared by prepare_sft.py (its manifest says kind "sft"), not plain text:
     train.py and evaluate.py ask this to choose between packed conversations and text windows."""
-    path = os.path.join(data_dir, MANIFEST)
-    if not os.path.isfile(path):
-        return False
-    try:
-        with open(path) as f:
-            return json.load(f).get("kind") == "sft"
-    except (ValueError, AttributeError):
-        raise SystemExit(f"error: {path} is unreadable; prepare the folder again (--overwrite)") from None
+    return os.path.isdir(data_dir) and (load_manifest(data_dir) or {}).get("kind") == "sft"
 
 
 def read_manifest(data_dir):

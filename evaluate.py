@@ -182,14 +182,12 @@ def check_args(args):
     for path in [args.shards, args.data_dir] + (args.text or []):
         if path and not os.path.exists(path):
             raise SystemExit(f"error: {path} does not exist")
-    if args.out:
-        check_writable(args.out, "--out")
+    check_writable(args.out, "--out")
     if args.exit_layers and not tasks:
         raise SystemExit("error: --exit_layers reads the tasks out at each layer: give --tasks")
     if args.plot and (not (args.profile or args.exit_layers) or importlib.util.find_spec("matplotlib") is None):
         raise SystemExit("error: --plot draws layer analyses: it needs --profile or --exit_layers, and matplotlib")
-    if args.plot:
-        check_writable(args.plot, "--plot", folder=True)
+    check_writable(args.plot, "--plot", folder=True)
     return tasks
 
 

@@ -280,14 +280,12 @@ def check_resume(cfg, mcfg, ckpt, path, data_id):
 
 def read_log(path, last_step):
     """The records of log.jsonl up to last_step (a torn last line from a kill is dropped)."""
-    if not os.path.exists(path):
-        return []
     records = []
-    for line in open(path):
+    for line in open(path) if os.path.exists(path) else []:
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
-            continue
+            pass
     return [r for r in records if r["step"] <= last_step]
 
 
@@ -405,7 +403,10 @@ def check_device(device):
 
 
 def check_writable(path, option, folder=False):
-    """Create the folder and write a probe file there (for --out: write_atomic's temporary file), or exit."""
+    """Create the folder and write a probe file there (for --out: write_atomic's temporary file), or exit; no path
+    (the option not given) is fine."""
+    if not path:
+        return
     probe = os.path.join(path, ".probe.tmp") if folder else os.path.abspath(path) + ".tmp"
     try:
         if not folder and os.path.isdir(path):

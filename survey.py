@@ -63,10 +63,8 @@ def check(args):
     for path in args.text:
         if not os.path.isfile(path):
             raise SystemExit(f"error: --text {path} does not exist")
-    if args.out:
-        check_writable(args.out, "--out")
-    if args.plot:
-        check_writable(args.plot, "--plot", folder=True)
+    check_writable(args.out, "--out")
+    check_writable(args.plot, "--plot", folder=True)
     return models
 
 
