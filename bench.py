@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from config import Config
+from data import one_line
 from generation import generate, generate_uncached
 from jreg import JregObjective, jreg_penalty
 from model import Llama, PRESETS, chunked_cross_entropy
@@ -226,7 +227,10 @@ def bench_against(mcfg, device, args):
     x, y = (torch.randint(0, mcfg.vocab_size, (args.micro_batch, args.seq_len), device=device) for _ in "xy")
     now = Llama(mcfg).to(device)
     old = then["Llama"](then["LlamaConfig"](**{k: v for k, v in dataclasses.asdict(mcfg).items() if k in fields}))
-    old.load_state_dict(now.state_dict())
+    try:
+        old.load_state_dict(now.state_dict())
+    except RuntimeError as e:
+        raise SystemExit(f"error: --against {args.against}: its model.py takes other weights ({one_line(e)})") from None
     old = old.to(device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
     contenders = {name: fwd_bwd(torch.compile(m) if args.compile else m, x, y, autocast)

@@ -380,3 +380,11 @@ def test_bench_against_a_revision_of_model_py(capsys, monkeypatch):
     assert "same loss: False" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="error: --against no-such-rev: "):
         bench.main(["--against", "no-such-rev", "--preset", "tiny"])
+
+    class Gated(Llama):                                   # an ablation that adds a parameter
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.gate = torch.nn.Parameter(torch.ones(1))
+    monkeypatch.setattr(bench, "Llama", Gated)
+    with pytest.raises(SystemExit, match=r"error: --against HEAD: its model.py takes other weights \(RuntimeError: "):
+        bench.main(argv)
