@@ -234,13 +234,13 @@ def bench_against(mcfg, device, args):
     old = old.to(device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
     contenders = {name: fwd_bwd(torch.compile(m) if args.compile else m, x, y, autocast)
-                  for name, m in (("now", now), (args.against, old))}
+                  for name, m in (("now", now), ("then", old))}
     same = bool(torch.equal(*(fn() for fn in contenders.values())))
     t = race(contenders, device, args.warmup, args.repeats)
     print(f"{args.preset}: {mcfg.n_layer} layers, d={mcfg.d_model} | batch {args.micro_batch}x{args.seq_len} | {device} "
           f"{args.dtype} | compile={bool(args.compile)} | torch {torch.__version__}")
-    print(f"training forward + backward: now {1e3 * t['now']:.1f} ms, {args.against} {1e3 * t[args.against]:.1f} ms; "
-          f"speed now / {args.against} = {t[args.against] / t['now']:.3f}x; same loss: {same}")
+    print(f"training forward + backward: now {1e3 * t['now']:.1f} ms, {args.against} {1e3 * t['then']:.1f} ms; "
+          f"speed now / {args.against} = {t['then'] / t['now']:.3f}x; same loss: {same}")
 
 
 def memory_table(args):
