@@ -20,6 +20,7 @@ It times, interleaving the contenders so that machine noise hits all of them ali
 """
 import argparse
 import dataclasses
+import itertools
 import os
 import statistics
 import subprocess
@@ -30,7 +31,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from config import Config
+from config import Config, load_config, model_config
 from data import one_line
 from generation import generate, generate_uncached
 from jreg import JregObjective, jreg_penalty
@@ -67,11 +68,7 @@ def measured_peak(fn, device=torch.device("cpu")):
         fn()
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
                     if e.name() == "[memory]" and e.device_type().name == "CPU")
-    total = peak = 0
-    for _, nbytes in events:
-        total += nbytes
-        peak = max(peak, total)
-    return peak
+    return max(itertools.accumulate((nbytes for _, nbytes in events), initial=0))
 
 
 COMPILED_BLOCK = 0.66   # a block's saved activations compiled / eager, torch.compile (inductor) measured on CPU
@@ -165,13 +162,10 @@ def fwd_bwd(run, x, y, autocast, **kwargs):
     return fn
 
 
-def bench_memory(mcfg, device, args):
+def bench_memory(mcfg, device, args, autocast, x, y):
     """--memory_probe: measured peaks beside estimate()'s, and step times, of one λ = 1 training step (forward +
     backward, gradients already allocated): the full-logits loss vs the chunked one, blocks stored vs checkpointed."""
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
     mode, n = ("autocast" if args.dtype == "bfloat16" else "fp32"), args.micro_batch * args.seq_len
-    torch.manual_seed(0)
-    x, y = (torch.randint(0, mcfg.vocab_size, (args.micro_batch, args.seq_len), device=device) for _ in "xy")
     model = Llama(mcfg).to(device)
     model.loss_chunk = args.loss_chunk
     run = torch.compile(model) if args.compile else model
@@ -193,27 +187,24 @@ def bench_memory(mcfg, device, args):
     print(f"the loss alone (head, cross-entropy, forward + backward): {per_logit['full']:.2f} bytes per logit full, "
           f"{per_logit['chunked']:.2f} chunked ({model.loss_chunk} positions a chunk)")
     variants = {"full logits": (True, False), "chunked loss": (False, False), "chunked + checkpointing": (False, True)}
-    fns = {}
+    t = {}
     print(f"{'training step':24s} {'peak MB':>9s} {'estimate MB':>12s} {'est/meas':>9s}")
-    for name, (full, ckpt) in variants.items():
+    for name, (full, ckpt) in variants.items():                          # one variant at a time: the flag is global
         model.checkpoint_blocks = ckpt
-        fns[name] = fn = fwd_bwd(run, x, y, autocast, return_logits=full)
+        fn = fwd_bwd(run, x, y, autocast, return_logits=full)
         fn()                                                              # warm-up (and compilation)
         peak = measured_peak(fn, device)
         e = estimate(mcfg, args.micro_batch, args.seq_len, mode, ckpt, 0 if full else model.loss_chunk,
                      compiled=bool(args.compile))
         predicted = e["activations"] + e["logits"]
         print(f"{name:24s} {peak / 1e6:9.1f} {predicted / 1e6:12.1f} {predicted / peak:9.3f}")
-    t = {}
-    for name, (full, ckpt) in variants.items():                          # one variant at a time: the flag is global
-        model.checkpoint_blocks = ckpt
-        t.update(race({name: fns[name]}, device, args.warmup, args.repeats))
+        t.update(race({name: fn}, device, args.warmup, args.repeats))
     print(f"step time: full {1e3 * t['full logits']:.1f} ms, chunked {1e3 * t['chunked loss']:.1f} ms "
           f"(chunked / full = {t['chunked loss'] / t['full logits']:.3f}), checkpointed "
           f"{1e3 * t['chunked + checkpointing']:.1f} ms ({t['chunked + checkpointing'] / t['chunked loss']:.3f}x)")
 
 
-def bench_against(mcfg, device, args):
+def bench_against(mcfg, device, args, autocast, x, y):
     """--against REV: forward + backward of the training loss (CE + the λ = 1 penalty) through model.py as it is and
     as it was at git revision REV, with the same weights, interleaved; and whether the two give the same numbers."""
     found = subprocess.run(["git", "show", f"{args.against}:model.py"], capture_output=True, text=True,
@@ -223,8 +214,6 @@ def bench_against(mcfg, device, args):
     then = {}
     exec(compile(found.stdout, f"{args.against}:model.py", "exec"), then)
     fields = {f.name for f in dataclasses.fields(then["LlamaConfig"])}
-    torch.manual_seed(0)
-    x, y = (torch.randint(0, mcfg.vocab_size, (args.micro_batch, args.seq_len), device=device) for _ in "xy")
     now = Llama(mcfg).to(device)
     old = then["Llama"](then["LlamaConfig"](**{k: v for k, v in dataclasses.asdict(mcfg).items() if k in fields}))
     try:
@@ -232,7 +221,6 @@ def bench_against(mcfg, device, args):
     except RuntimeError as e:
         raise SystemExit(f"error: --against {args.against}: its model.py takes other weights ({one_line(e)})") from None
     old = old.to(device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
     contenders = {name: fwd_bwd(torch.compile(m) if args.compile else m, x, y, autocast)
                   for name, m in (("now", now), ("then", old))}
     same = bool(torch.equal(*(fn() for fn in contenders.values())))
@@ -246,7 +234,6 @@ def bench_against(mcfg, device, args):
 def memory_table(args):
     """--memory CONFIG.py ...: the predicted peak per GPU of each config's training step, by part, in the mode it runs
     (its fsdp, compile, activation_checkpointing, micro_batch) unless --fsdp/--compile/--checkpointing say otherwise."""
-    from config import load_config, model_config
     gib = 2 ** 30
     print(f"predicted peak per GPU, GiB ({args.world} processes; {args.gpu_gib} GiB a GPU; needed: 10% margin). "
           f"Not counted: CUDA context, NCCL buffers, compile workspace, allocator fragmentation.")
@@ -315,12 +302,8 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def bench_training(mcfg, device, args):
+def bench_training(mcfg, device, args, autocast, x, y):
     """Forward + backward ours vs Hugging Face, and full training steps λ = 0 vs λ = 1 (vs HF), interleaved."""
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
-    x, y = (torch.randint(0, mcfg.vocab_size, (args.micro_batch, args.seq_len), device=device) for _ in "xy")
-    tokens = x.numel()
-
     def train_step_fn(step_model, params):
         opt = torch.optim.AdamW(params, lr=1e-4, fused=device.type in ("cuda", "cpu"))
 
@@ -376,16 +359,15 @@ def bench_training(mcfg, device, args):
               f"speed ratio ours/HF = {fb['HF'] / fb['ours']:.3f}x")
     t = race(contenders, device, args.warmup, args.repeats)
     peak = peak_flops(device)
-    flops = base_model.flops_per_token(args.seq_len) * tokens
+    flops = base_model.flops_per_token(args.seq_len) * x.numel()
     for name, sec in t.items():
         mfu = f"   MFU {100 * flops / sec / peak:5.1f}%" if peak else ""
-        print(f"train step {name:9s} {1e3 * sec:8.1f} ms   {tokens / sec:10.0f} tok/s{mfu}")
+        print(f"train step {name:9s} {1e3 * sec:8.1f} ms   {x.numel() / sec:10.0f} tok/s{mfu}")
     print(f"JREG overhead (λ=1 vs λ=0 step time): {100 * (t['ours λ=1'] / t['ours λ=0'] - 1):+.1f}%")
     if "HF λ=0" in t:
         print(f"training step speed ours/HF: {t['HF λ=0'] / t['ours λ=0']:.3f}x")
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        print(f"device {name}; peak bf16 {peak / 1e12 if peak else 'unknown'} TFLOP/s "
+        print(f"device {torch.cuda.get_device_name(device)}; peak bf16 {peak / 1e12 if peak else 'unknown'} TFLOP/s "
               f"(table: {', '.join(k for k, _ in PEAK_FLOPS)}); max memory {torch.cuda.max_memory_allocated() / 1e9:.1f} GB")
 
 
@@ -405,11 +387,13 @@ def main(argv=None):
     torch.manual_seed(0)
     if args.generate:
         return bench_generation(Llama(mcfg).to(device).eval(), args)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
+    x, y = (torch.randint(0, mcfg.vocab_size, (args.micro_batch, args.seq_len), device=device) for _ in "xy")
     if args.memory_probe:
-        return bench_memory(mcfg, device, args)
+        return bench_memory(mcfg, device, args, autocast, x, y)
     if args.against:
-        return bench_against(mcfg, device, args)
-    bench_training(mcfg, device, args)
+        return bench_against(mcfg, device, args, autocast, x, y)
+    bench_training(mcfg, device, args, autocast, x, y)
 
 
 if __name__ == "__main__":

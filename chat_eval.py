@@ -145,16 +145,13 @@ def model_answer_fn(model, enc, max_new_tokens=1024, seed=0):
     conversation is the prompt, the new tokens capped at what is left of the context; top_k 50, seeded per
     conversation). Recorded: prompt_tokens, and limit "context" when that cap (below max_new_tokens) ended the
     answer, "no_room" when the prompt alone fills the context (the answer is then empty)."""
-    ctx = model.config.max_seq_len
-
     def answer(messages, temperature):
         ids = chat_prompt(messages, enc)
-        cap = min(max_new_tokens, ctx - len(ids))
+        cap = min(max_new_tokens, model.config.max_seq_len - len(ids))
         if cap < 1:
             return {"answer": "", "prompt_tokens": len(ids), "limit": "no_room"}
         sample_seed = (seed + zlib.crc32(json.dumps(messages).encode())) % 2 ** 31
-        new = generate(model, [ids], max_new_tokens=cap, temperature=temperature, top_k=50, enc=enc,
-                             seed=sample_seed)[0]
+        new = generate(model, [ids], cap, temperature=temperature, top_k=50, enc=enc, seed=sample_seed)[0]
         limit = "context" if cap < max_new_tokens and len(new) >= cap else None
         return {"answer": enc.decode(new), "prompt_tokens": len(ids), "limit": limit}
     return answer

@@ -218,10 +218,7 @@ def fit_context(messages, enc, max_seq_len, room):
     room 1, all the history that fits); (messages, prompt ids), or (messages without the last one, None) when that
     last message alone is too long."""
     first = 1 if messages[0]["role"] == "system" else 0
-    while True:
-        ids = chat_prompt(messages, enc)
-        if len(ids) + room <= max_seq_len or len(messages) == first + 1:
-            break
+    while len(ids := chat_prompt(messages, enc)) + room > max_seq_len and len(messages) != first + 1:
         drop = first + 1 + (messages[first + 1]["role"] == "assistant")     # the oldest user turn and its reply
         messages = messages[:first] + messages[drop:]
     return (messages, ids) if len(ids) < max_seq_len else (messages[:-1], None)

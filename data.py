@@ -31,8 +31,6 @@ import tiktoken
 from tiktoken_ext import openai_public
 import torch
 
-from config import fail
-
 
 MAGIC, VERSION, HEADER_BYTES = b"JREGTOKS", 1, 256
 HEADER = struct.Struct("<8sIIIIQ64s")  # magic, version, bytes per token, vocab size, eot, num_tokens, tokenizer
@@ -369,7 +367,8 @@ def load_shards(data_dir, split, tokenizer, vocab_size):
     for path in list_shards(data_dir, split):
         tokens, header = read_shard(path, tokenizer=tokenizer)
         if header["vocab_size"] > vocab_size:
-            fail(f"{path}: vocabulary of {header['vocab_size']} tokens does not fit the model's vocab_size {vocab_size}")
+            raise SystemExit(f"error: {path}: vocabulary of {header['vocab_size']} tokens does not fit the model's "
+                             f"vocab_size {vocab_size}")
         arrays.append(tokens)
     return arrays
 
@@ -385,21 +384,16 @@ class ShardStream:
         self.n_windows = np.array([(len(s) - 1) // seq_len for s in self.shards])
         self.per_epoch = int(self.n_windows.sum())
         if self.per_epoch == 0:
-            fail(f"{data_dir}: no {split} shard holds {seq_len + 1} tokens")
+            raise SystemExit(f"error: {data_dir}: no {split} shard holds {seq_len + 1} tokens")
         self._epoch, self._order = None, None
-
-    def _epoch_order(self, epoch):
-        if self._epoch != epoch:
-            rng = np.random.default_rng([self.seed, epoch])
-            shard_order = rng.permutation(len(self.shards))
-            self._order = (shard_order, np.cumsum(self.n_windows[shard_order]), {})
-            self._epoch = epoch
-        return self._order
 
     def position(self, k):
         """(shard, first token) of sequence k."""
         epoch, i = divmod(k, self.per_epoch)
-        shard_order, ends, perms = self._epoch_order(epoch)
+        if self._epoch != epoch:
+            shard_order = np.random.default_rng([self.seed, epoch]).permutation(len(self.shards))
+            self._epoch, self._order = epoch, (shard_order, np.cumsum(self.n_windows[shard_order]), {})
+        shard_order, ends, perms = self._order
         j = int(np.searchsorted(ends, i, side="right"))
         shard = int(shard_order[j])
         if shard not in perms:

@@ -133,15 +133,14 @@ def _exit_layers(text):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.error = lambda message: sys.exit(f"error: {message}")      # one line and exit status 1, as every user error
-    count = int_at_least(1)
     p.add_argument("runs", nargs="*", help="run folders holding ckpt_*.pt (the latest is evaluated)")
     p.add_argument("--hf", help="a Hugging Face causal LM: hub name or local folder")
     p.add_argument("--gguf", help="a GGUF file inside --hf's folder, passed as gguf_file= to from_pretrained")
     p.add_argument("--step", type=int_at_least(0), help="this checkpoint step of each run, not the latest")
     p.add_argument("--tasks", help=f"comma-separated (default: {','.join(PAPER_TASKS)}; with --profile: none)")
     p.add_argument("--data_dir", help="tasks from DIR/<task>[.jsonl|.jsonl.gz|.json|.parquet] (offline_tasks.py)")
-    p.add_argument("--limit", type=count, help="only the first N documents of each task")
-    p.add_argument("--batch_size", type=count, default=16, help="requests (or profile windows) per forward")
+    p.add_argument("--limit", type=int_at_least(1), help="only the first N documents of each task")
+    p.add_argument("--batch_size", type=int_at_least(1), default=16, help="requests (or profile windows) per forward")
     p.add_argument("--out", help="write the results JSON here (rewritten after each task and model)")
     p.add_argument("--log_samples", action="store_true", help="store per-document requests and log-likelihoods")
     p.add_argument("--exit_layers", type=_exit_layers, help="also score the tasks read out at these layers (all, or "
@@ -150,7 +149,7 @@ def parse_args(argv=None):
     p.add_argument("--shards", help="profile on the val windows of this data folder (default for a run: its data_dir)")
     p.add_argument("--text", nargs="+", help="profile on these text files (.txt, .jsonl/.json with a text field)")
     p.add_argument("--profile_task", help="profile on the contexts of this task")
-    p.add_argument("--profile_tokens", type=count, default=32768, help="tokens read by the model for Ψ / ζ")
+    p.add_argument("--profile_tokens", type=int_at_least(1), default=32768, help="tokens read by the model for Ψ / ζ")
     p.add_argument("--analysis_tokens", type=int_at_least(-1), default=4096,
                    help="tokens for the logit lens and skipped blocks (whole batches; 0: off, -1: all profile tokens)")
     p.add_argument("--seq_len", type=int_at_least(2), default=1024, help="profile window length (at most max_length)")

@@ -20,11 +20,10 @@ import sys
 import torch
 
 from conversations import HEADERS, prompt_ids, render
-from data import HFTokenizer, one_line, tokenizer_tag
+from data import EOT, HFTokenizer, one_line, tokenizer_tag
 from runs import load_run
 
 
-EOT = "<|endoftext|>"
 # conversations.render's chat template: EOT, then each turn's header and content; EOT closes each
 # assistant turn, "\n" separates turns; a generation prompt ends with the assistant header
 CHAT_TEMPLATE = (
@@ -97,8 +96,7 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
     hf = model.to_hf()
     ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
            "pad_token_id": tok.eos_token_id if tok.pad_token_id is None else tok.pad_token_id}
-    for k, v in ids.items():
-        setattr(hf.config, k, v)
+    hf.config.update(ids)
     hf.generation_config = GenerationConfig(**ids)
     cfg = meta["config"]
     provenance = {"source": os.path.abspath(run_dir), "checkpoint": os.path.basename(meta["checkpoint"]),

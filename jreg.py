@@ -11,7 +11,6 @@ Which vector is h_L is the caller's choice, made by what it passes (see `streams
 """
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 
 WEIGHTINGS = ("index", "depth", "uniform", "last")
@@ -60,14 +59,13 @@ def layer_weights(n_layer, alpha, weighting="index"):
     if weighting == "uniform":
         return torch.full((n_layer,), 1.0 / n_layer)
     if weighting == "last":
-        return F.one_hot(torch.tensor(n_layer - 1), n_layer).float()
+        return nn.functional.one_hot(torch.tensor(n_layer - 1), n_layer).float()
     raise ValueError(f"unknown weighting {weighting!r}; choose one of {WEIGHTINGS}")
 
 
 def jreg_penalty(hidden_states, alpha, weighting="index", mask=None, skip_first=False, psi=None):
     """Σ_l w_l Ψ_l, a differentiable scalar. Pass `psi` if displacement() was already computed."""
-    if psi is None:
-        psi = displacement(hidden_states, mask=mask, skip_first=skip_first)
+    psi = displacement(hidden_states, mask=mask, skip_first=skip_first) if psi is None else psi
     return (layer_weights(len(psi), alpha, weighting).to(psi.device) * psi).sum()
 
 

@@ -76,8 +76,7 @@ class Cache:
                                      f"({line[:60].decode(errors='replace')}): give another --cache")
                 self.items[rec["key"]] = rec
         if torn:
-            with open(path, "r+b") as f:
-                f.truncate(len(data) - len(torn))
+            os.truncate(path, len(data) - len(torn))
             if self.record(torn):
                 self.put(self.record(torn))
 

@@ -286,8 +286,7 @@ class Llama(nn.Module):
         if cache is not None:
             cache.len += T
         final_hidden = self.norm(x)
-        logits = self.lm_head(final_hidden[:, -logits_to_keep:] if logits_to_keep else final_hidden) \
-            if return_logits else None
+        logits = self.lm_head(final_hidden[:, -logits_to_keep:]) if return_logits else None
         loss = None
         if targets is not None and logits is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1)

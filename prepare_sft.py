@@ -29,8 +29,7 @@ from data import (
 
 DEFAULT_DATASET = "allenai/tulu-v2-sft-mixture"
 COUNTS = ("records", "kept", "trimmed", "truncated", "malformed", "no_loss", "cut_dropped", "tokens", "loss_tokens")
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
-                  "bing": "assistant", "bard": "assistant", "system": "system"}
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant"}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -77,11 +76,10 @@ def records(sources):
         it = iter(() if ds is None else ds)
         for i in itertools.count():
             try:
-                record = next(it, None)
+                if (record := next(it, None)) is None:
+                    break
             except Exception as e:  # a malformed or truncated file
                 raise SystemExit(f"error: {desc}: {one_line(e, 300)}") from None
-            if record is None:
-                break
             yield f"{desc} record {i}", record
 
 
@@ -122,8 +120,7 @@ def conversations(source, enc, seq_len, counts):
         ids, mask = ids[:seq_len + 1], mask[:seq_len + 1]
         if templated and ids:
             mask[0] = START
-        n_loss = mask.count(1)
-        if n_loss == 0:
+        if (n_loss := mask.count(1)) == 0:
             counts["cut_dropped" if cut_off and any(m["role"] == "assistant" for m in messages) else "no_loss"] += 1
             continue
         counts["kept"] += 1
@@ -136,10 +133,6 @@ def conversations(source, enc, seq_len, counts):
 
 # ----------------------------------------------------------------------------------------------------------
 # Preparation: token shards + mask shards + manifest.json, resumable
-
-def shard_name(split, index):
-    return f"sft_{split}_{index:06d}.bin"
-
 
 def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokenizer="gpt2", seq_len=2048,
             val_conversations=200, shard_conversations=50_000, overwrite=False, log=print):
@@ -165,9 +158,8 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
                                  all(isinstance(s["mask"], str) for s in m["shards"]) and "complete" in m):
         old = {"tokenizer_fingerprint": config["tokenizer_fingerprint"], "chat_template": "ours",  # older: tiktoken
                **manifest.get("config", {})}
-        diffs = [f"{k}: {old.get(k)!r} before, {config.get(k)!r} now" for k in sorted(set(old) | set(config))
-                 if old.get(k) != config.get(k)]
-        if diffs:
+        if diffs := [f"{k}: {old.get(k)!r} before, {config.get(k)!r} now" for k in sorted(set(old) | set(config))
+                     if old.get(k) != config.get(k)]:
             raise SystemExit(f"error: {out_dir} was prepared with other arguments ({'; '.join(diffs)}); "
                              "use another --out_dir or --overwrite")
         if manifest["complete"]:
@@ -178,9 +170,8 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
         manifest = {"kind": "sft", "config": config, "shards": [], "complete": False, "elapsed_s": 0.0,
                     "counts": dict.fromkeys(COUNTS, 0)}
     listed = {f for s in manifest["shards"] for f in (s["file"], s["mask"])}
-    for f in ours():                                  # a shard written after the last manifest update, or a .tmp
-        if f not in listed:
-            os.remove(os.path.join(out_dir, f))
+    for f in set(ours()) - listed:                    # a shard written after the last manifest update, or a .tmp
+        os.remove(os.path.join(out_dir, f))
     manifest["argv"] = sys.argv
     counts, t0, elapsed = manifest["counts"], time.time(), manifest["elapsed_s"]
     if counts["records"]:
@@ -189,9 +180,9 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
 
     def write(split_name, index, convs):
         ids, mask = np.concatenate([c[0] for c in convs]), np.concatenate([c[1] for c in convs])
-        entry = {"file": shard_name(split_name, index), "mask": shard_name(split_name, index) + ".mask",
-                 "split": split_name, "conversations": len(convs), "num_tokens": len(ids),
-                 "loss_tokens": int((mask == 1).sum())}
+        file = f"sft_{split_name}_{index:06d}.bin"
+        entry = {"file": file, "mask": file + ".mask", "split": split_name, "conversations": len(convs),
+                 "num_tokens": len(ids), "loss_tokens": int((mask == 1).sum())}
         write_shard(os.path.join(out_dir, entry["file"]), ids, tokenizer=enc, vocab_size=enc.n_vocab,
                     eot_token=enc.eot_token)
         write_shard(os.path.join(out_dir, entry["mask"]), mask, tokenizer=MASK_TOKENIZER, vocab_size=2 + (template is
@@ -202,11 +193,7 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
         log(f"{entry['file']}: {len(convs):,} conversations, {len(ids):,} tokens ({counts['records']:,} records read)")
 
     index = len(manifest["shards"]) + (val_conversations == 0)
-    while True:
-        size = val_conversations if index == 0 else shard_conversations
-        convs = list(itertools.islice(stream, size))
-        if not convs:
-            break
+    while convs := list(itertools.islice(stream, val_conversations if index == 0 else shard_conversations)):
         write("val" if index == 0 else "train", index, convs)
         index += 1
     if counts["records"] == 0:
@@ -217,8 +204,7 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
                          f"{counts['cut_dropped']:,} with no answer token within {seq_len + 1} tokens)")
     manifest["splits"] = {s: {k: sum(e[k] for e in manifest["shards"] if e["split"] == s)
                               for k in ("conversations", "num_tokens", "loss_tokens")} for s in ("val", "train")}
-    manifest["complete"] = True
-    manifest["elapsed_s"] = round(elapsed + time.time() - t0, 3)
+    manifest.update(complete=True, elapsed_s=round(elapsed + time.time() - t0, 3))
     write_atomic(manifest_path, json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -227,8 +213,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--input", nargs="+", metavar="PATH", help="local .json/.jsonl(.gz)/.parquet files (globs) or one "
-                     "save_to_disk folder")
+    src.add_argument("--input", dest="inputs", nargs="+", metavar="PATH", help="local .json/.jsonl(.gz)/.parquet "
+                     "files (globs) or one save_to_disk folder")
     src.add_argument("--name", default=DEFAULT_DATASET, help="hub dataset, streamed (default %(default)s)")
     p.add_argument("--split", default="train", help="hub / DatasetDict split (default %(default)s)")
     p.add_argument("--out_dir", required=True)
@@ -242,10 +228,7 @@ def main(argv=None):
                    "(default %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="delete a previous preparation in --out_dir first")
     args = p.parse_args(argv)
-    m = prepare(args.out_dir, inputs=args.input, name=args.name, split=args.split, tokenizer=args.tokenizer,
-                seq_len=args.seq_len, val_conversations=args.val_conversations,
-                shard_conversations=args.shard_conversations, overwrite=args.overwrite,
-                log=lambda s: print(s, file=sys.stderr))
+    m = prepare(**vars(args), log=lambda s: print(s, file=sys.stderr))
     c, sp = m["counts"], m["splits"]
     print(f"{args.out_dir}: {c['records']:,} records -> {c['kept']:,} conversations (val "
           f"{sp['val']['conversations']:,}, train {sp['train']['conversations']:,}); {c['tokens']:,} tokens, "

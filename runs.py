@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import suppress
 
 import torch
 import torch.distributed as dist
@@ -113,15 +114,13 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
     path = os.path.join(cfg.out_dir, f"ckpt_{step:07d}" + ("" if cfg.sharded_ckpt else ".pt"))
     if cfg.sharded_ckpt:
         save_sharded(cfg, path, model, optimizer, meta, master)
+    elif cfg.fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        model_sd, optim_sd = get_state_dict(model, optimizer,
+                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     else:
-        if cfg.fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-            model_sd, optim_sd = get_state_dict(model, optimizer,
-                                                options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        else:
-            model_sd, optim_sd = model.state_dict(), optimizer.state_dict()
-        if not master:
-            return
+        model_sd, optim_sd = model.state_dict(), optimizer.state_dict()
+    if master and not cfg.sharded_ckpt:
         torch.save({"model": model_sd, "optimizer": optim_sd, **meta}, path + ".tmp")
         os.replace(path + ".tmp", path)
     if master:
@@ -159,8 +158,7 @@ ASYNC_GROUP = {}
 def start_weights(cfg):
     """(state dict or None, model config) to build the model from. A fine-tuning run that has a checkpoint resumes
     from it and never reads init_from again (the source may since have been pruned, deleted or gone offline)."""
-    ckpts = list_checkpoints(cfg.out_dir) if cfg.init_from else []
-    if ckpts:
+    if cfg.init_from and (ckpts := list_checkpoints(cfg.out_dir)):
         return None, LlamaConfig(**load_checkpoint(ckpts[-1][1])["model_config"])
     return init_weights(cfg.init_from, cfg.tokenizer) if cfg.init_from else (None, model_config(cfg))
 
@@ -282,10 +280,8 @@ def read_log(path, last_step):
     """The records of log.jsonl up to last_step (a torn last line from a kill is dropped)."""
     records = []
     for line in open(path) if os.path.exists(path) else []:
-        try:
+        with suppress(json.JSONDecodeError):
             records.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
     return [r for r in records if r["step"] <= last_step]
 
 
@@ -396,8 +392,7 @@ def max_length_of(kind, path, step=None, gguf_file=None):
 def check_device(device):
     """auto -> cuda if available, else cpu; anything but cpu, mps, or an available cuda / cuda:N is an error."""
     device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    cuda = device.startswith("cuda")
-    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device) or (cuda and not torch.cuda.is_available()):
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device) or ("cuda" in device and not torch.cuda.is_available()):
         raise SystemExit(f"error: --device {device}: choose cpu, mps, or cuda / cuda:N where CUDA is available")
     return device
 

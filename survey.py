@@ -132,13 +132,12 @@ def table(results):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip())
     p.error = lambda message: sys.exit(f"error: {message}")
-    count = int_at_least(1)
     p.add_argument("--hf", nargs="+", default=[], help="hub names, local folders or .gguf files, each maybe @REVISION")
     p.add_argument("--runs", nargs="+", default=[], help="our run folders, each optionally @STEP")
     p.add_argument("--text", nargs="+", required=True, help="the text all models read (.txt; .jsonl/.json: text)")
-    p.add_argument("--tokens", type=count, default=16384, help="tokens read per model (its own tokenizer)")
+    p.add_argument("--tokens", type=int_at_least(1), default=16384, help="tokens read per model (its own tokenizer)")
     p.add_argument("--seq_len", type=int_at_least(2), default=512, help="window length (at most max_length)")
-    p.add_argument("--batch_size", type=count, default=4, help="windows per forward")
+    p.add_argument("--batch_size", type=int_at_least(1), default=4, help="windows per forward")
     p.add_argument("--analysis_tokens", type=int_at_least(-1), default=0,
                    help="tokens for the logit lens and skipped blocks (0: off, the default; -1: all)")
     p.add_argument("--out", help="results JSON, rewritten after each model")

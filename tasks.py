@@ -16,7 +16,6 @@ from collections import namedtuple
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
@@ -174,8 +173,7 @@ def load_task(task, data_dir=None, limit=None):
     try:
         if data_dir:
             source = local_task_path(task, data_dir)
-            manifest = os.path.join(data_dir, "manifest.json")
-            if os.path.exists(manifest):
+            if os.path.exists(manifest := os.path.join(data_dir, "manifest.json")):
                 with open(manifest) as f:
                     split = json.load(f).get(task, {}).get("split", split)
             if os.path.isdir(source):
@@ -215,7 +213,6 @@ class ModelLM:
     def encode(self, text, add_special_tokens=None):
         return self.tokenizer.encode(text, allowed_special="all")
 
-    @torch.no_grad()
     def logits(self, tokens):
         return self.model(tokens.to(self.device)).logits.float()
 
@@ -268,7 +265,7 @@ def score_requests(lm, requests, batch_size=16, progress=False, desc="requests",
 
 def _score(logits, cont):
     """(summed fp32 log-probability of the tokens cont, whether each is the argmax) from their rows of logits."""
-    logprobs = F.log_softmax(logits.float(), dim=-1)
+    logprobs = logits.float().log_softmax(-1)
     target = torch.tensor(cont, device=logprobs.device)
     return logprobs.gather(-1, target[:, None]).sum().item(), bool((logprobs.argmax(-1) == target).all())
 
@@ -299,20 +296,19 @@ def score_tokens(lm, encoded, batch_size=16, progress=False, desc="requests", ex
             logits = lm.logits(tokens)
             for i, cont, row, a, b in reqs:
                 results[i] = _score(logits[row, a:b], cont)
-            bar.update(len(reqs))
-            continue
-        logits, hidden, _ = forward_streams(lm.model, tokens.to(lm.device))
-        rows = torch.tensor([row for _, _, row, a, b in reqs for _ in range(a, b)], device=logits.device)
-        pos = torch.tensor([p for *_, a, b in reqs for p in range(a, b)], device=logits.device)
-        per_exit = []
-        for l in exits:
-            if l is None or l == len(hidden) - 1:
-                per_exit.append([_score(logits[row, a:b], cont) for _, cont, row, a, b in reqs])
-            else:
-                lens = readout(lm.model, hidden[l][rows, pos]).split([b - a for *_, a, b in reqs])
-                per_exit.append([_score(lg, cont) for lg, (_, cont, *_) in zip(lens, reqs)])
-        for k, (i, *_) in enumerate(reqs):
-            results[i] = [scores[k] for scores in per_exit]
+        else:
+            logits, hidden, _ = forward_streams(lm.model, tokens.to(lm.device))
+            rows = torch.tensor([row for _, _, row, a, b in reqs for _ in range(a, b)], device=logits.device)
+            pos = torch.tensor([p for *_, a, b in reqs for p in range(a, b)], device=logits.device)
+            per_exit = []
+            for l in exits:
+                if l is None or l == len(hidden) - 1:
+                    per_exit.append([_score(logits[row, a:b], cont) for _, cont, row, a, b in reqs])
+                else:
+                    lens = readout(lm.model, hidden[l][rows, pos]).split([b - a for *_, a, b in reqs])
+                    per_exit.append([_score(lg, cont) for lg, (_, cont, *_) in zip(lens, reqs)])
+            for k, (i, *_) in enumerate(reqs):
+                results[i] = [scores[k] for scores in per_exit]
         bar.update(len(reqs))
     bar.close()
     return results
@@ -333,13 +329,10 @@ def rolling_windows(tokens, prefix_token, max_length):
 def score_rolling(lm, texts, batch_size=16, progress=False, desc="rolling", exits=None):
     """[text] -> [summed log-probability of every token of the text] (with exits: a list, one per exit), each text
     scored on its own."""
-    windows, owner = [], []
-    for d, text in enumerate(texts):
-        for w in rolling_windows(lm.encode(text), lm.prefix_token, lm.max_length):
-            windows.append(w)
-            owner.append(d)
+    windows = [(d, w) for d, text in enumerate(texts)
+               for w in rolling_windows(lm.encode(text), lm.prefix_token, lm.max_length)]
     totals = [[0.0] * len(exits or [None]) for _ in texts]
-    for d, scores in zip(owner, score_tokens(lm, windows, batch_size, progress, desc, exits)):
+    for (d, _), scores in zip(windows, score_tokens(lm, [w for _, w in windows], batch_size, progress, desc, exits)):
         for k, (ll, _) in enumerate(scores if exits else [scores]):
             totals[d][k] += ll
     return totals if exits else [t[0] for t in totals]

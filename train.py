@@ -110,8 +110,7 @@ def build(cfg, mcfg, device, bf16, init_sd):
                 block.compile()                         # in place: parameter names unchanged
             fully_shard(block)
         fully_shard(model)
-    emb = model.tok_emb.weight
-    decay = [p.dim() >= 2 and (cfg.decay_embeddings or p is not emb) for p in model.parameters()]
+    decay = [p.dim() >= 2 and (cfg.decay_embeddings or p is not model.tok_emb.weight) for p in model.parameters()]
     groups = [[p for p, d in zip(model.parameters(), decay) if d == on] for on in (True, False)]
     optimizer = torch.optim.AdamW([{"params": groups[0], "weight_decay": cfg.weight_decay},
                                    {"params": groups[1], "weight_decay": 0.0}],
@@ -306,17 +305,14 @@ def main(argv):
                    "zeta_L": zeta[-1].item() if len(zeta) else None, "lr": lr, "grad_norm": grad_norm.item(),
                    "tok_per_s": cfg.batch_tokens / dt, "mfu": flops_per_step / dt / (peak * world) if peak else None,
                    "mem_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
-            log(rec)
-            if master:
-                print(f"step {step:6d} | loss {loss:.4f} ce {ce:.4f} jreg {penalty:.4f} ζ_L {rec['zeta_L'] or 0:.2f} | "
-                      f"lr {lr:.2e} | grad {rec['grad_norm']:.3f} | {rec['tok_per_s']:.0f} tok/s"
-                      + (f" | mfu {100 * rec['mfu']:.1f}%" if rec["mfu"] else ""), flush=True)
+            log(rec, f"step {step:6d} | loss {loss:.4f} ce {ce:.4f} jreg {penalty:.4f} ζ_L {rec['zeta_L'] or 0:.2f} | "
+                f"lr {lr:.2e} | grad {rec['grad_norm']:.3f} | {rec['tok_per_s']:.0f} tok/s"
+                + (f" | mfu {100 * rec['mfu']:.1f}%" if rec["mfu"] else ""))
         if cfg.eval_interval > 0 and (step % cfg.eval_interval == 0 or step == cfg.max_steps):
             ev = evaluate(model, val_data, cfg, device, autocast, ddp)
-            log({"step": step, "tokens": step * cfg.batch_tokens, **ev})
-            if master:
-                print(f"eval {step:6d} | val_loss {ev['val_loss']:.4f} | ζ_L {(ev['zeta'] or [0])[-1]:.2f} | "
-                      f"Ψ {' '.join(f'{p:.3f}' for p in ev['psi'])}", flush=True)
+            log({"step": step, "tokens": step * cfg.batch_tokens, **ev},
+                f"eval {step:6d} | val_loss {ev['val_loss']:.4f} | ζ_L {(ev['zeta'] or [0])[-1]:.2f} | "
+                f"Ψ {' '.join(f'{p:.3f}' for p in ev['psi'])}")
         stopping = torch.tensor(float(stop["signal"] is not None), device=device)
         if ddp:
             dist.all_reduce(stopping, op=dist.ReduceOp.MAX)
