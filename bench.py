@@ -129,10 +129,10 @@ def race(contenders, device, warmup, repeats):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def bench_generation(model, args):
+def bench_generation(model, device, args):
     """--generate: greedy generation of --max_new_tokens tokens after --prompt_len random tokens, --micro_batch rows:
     cached vs uncached (Llama.forward over the whole growing sequence), interleaved, median of --repeats."""
-    cfg, device = model.config, torch.device(args.device)
+    cfg = model.config
     n_new = min(args.max_new_tokens, cfg.max_seq_len - args.prompt_len)
     if n_new < 1:
         raise SystemExit(f"error: --prompt_len {args.prompt_len} leaves no room in max_seq_len {cfg.max_seq_len}")
@@ -386,7 +386,7 @@ def main(argv=None):
                                **({"vocab_size": args.vocab_size} if args.vocab_size else {}))
     torch.manual_seed(0)
     if args.generate:
-        return bench_generation(Llama(mcfg).to(device).eval(), args)
+        return bench_generation(Llama(mcfg).to(device).eval(), device, args)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
     x, y = (torch.randint(0, mcfg.vocab_size, (args.micro_batch, args.seq_len), device=device) for _ in "xy")
     if args.memory_probe:

@@ -256,6 +256,9 @@ def score_requests(lm, requests, batch_size=16, progress=False, desc="requests",
     encoded = []
     for context, continuation in requests:
         ctx, cont = encode_pair(lm, context, continuation)
+        if not ctx:                                   # the harness asserts here too (a tokenizer adding no BOS)
+            raise SystemExit(f"error: context {context!r} is only whitespace: moved into the continuation, it leaves "
+                             "no token to condition on (give an empty context instead)")
         if not cont:
             raise SystemExit(f"error: continuation {continuation!r} encodes to no tokens after context "
                              f"...{context[-40:]!r} (a token spans the join; the harness fails here too)")

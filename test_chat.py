@@ -361,7 +361,7 @@ def test_device_errors(monkeypatch):
 def test_bench(capsys):
     import bench
     bench.main(["--generate", "--preset", "tiny", "--prompt_len", "8", "--max_new_tokens", "4", "--repeats", "1",
-                "--micro_batch", "1"])
+                "--micro_batch", "1", "--device", "auto"])          # auto: the device main() chose
     out = capsys.readouterr().out
     assert "cached" in out and "uncached" in out and "same tokens: True" in out
 

@@ -250,6 +250,9 @@ def test_whitespace_move_and_joint_tokenisation_split():
     # the join swallows the whole continuation: the harness asserts, we raise a clear error
     with pytest.raises(SystemExit, match="error: .*no tokens"):
         TK.score_requests(lm, [("x t", "he")])
+    # a context of whitespace only moves whole into the continuation: nothing is left to condition on
+    with pytest.raises(SystemExit, match="error: context '   ' is only whitespace"):
+        TK.score_requests(lm, [("   ", "z")])
 
 
 def manual_loglikelihood(model, ctx, cont, max_length):
