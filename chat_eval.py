@@ -26,9 +26,11 @@ import numpy as np
 import torch
 
 from conversations import chat_prompt
-from data import lock_file, write_atomic
+from data import lock_file, one_line, write_atomic
 from generation import generate
-from judge import Cache, JUDGE_MAX_TOKENS, Judge, NEED_REF_CATS, category, digest, fastchat_data, judge_answers, load_judge_prompts
+from judge import (
+    Cache, JUDGE_MAX_TOKENS, Judge, NEED_REF_CATS, category, digest, fastchat_data, judge_answers, jsonl_records,
+    load_judge_prompts)
 from runs import check_device, check_writable, checkpoint_path, int_at_least, list_checkpoints, load_llama
 
 
@@ -48,24 +50,36 @@ class Interrupted(SystemExit):
 
 def _read_rows(source):
     """Rows of a local .json/.jsonl/.parquet file, or of a hub dataset NAME[:SPLIT] (split default: train)."""
-    if os.path.exists(source):
-        if source.endswith(".parquet"):
-            import datasets
-            return list(datasets.load_dataset("parquet", data_files=source, split="train"))
-        with open(source, encoding="utf-8") as f:
+    import datasets
+    if os.path.isfile(source) and source.endswith(".parquet"):
+        return list(datasets.load_dataset("parquet", data_files=source, split="train"))
+    if os.path.isfile(source):
+        with open(source, encoding="utf-8", errors="replace") as f:
             text = f.read()
-        if text.lstrip().startswith("["):
-            return json.loads(text)
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        try:
+            return json.loads(text) if text.lstrip().startswith("[") else jsonl_records(source, "question file")
+        except ValueError as e:
+            raise SystemExit(f"error: {source}: not a JSON list of questions ({e})") from None
     if source.endswith((".json", ".jsonl", ".parquet")):
         raise SystemExit(f"error: question file {source} does not exist")
-    import datasets
     name, _, split = source.partition(":")
-    return list(datasets.load_dataset(name, split=split or "train"))
+    try:
+        return list(datasets.load_dataset(name, split=split or "train"))
+    except Exception as e:
+        raise SystemExit(f"error: {source}: no such file, and no hub dataset of that name loads ({one_line(e)}; "
+                         "offline, HF_HUB_OFFLINE=1 skips the retries)") from None
 
 
 def normalise_question(row, source):
     """{question_id, category, turns, reference} from any of the published schemas."""
+    try:
+        return _normalise(row, source)
+    except (KeyError, TypeError) as e:
+        what = f"lacks the field {e}" if isinstance(e, KeyError) else f"is not a record ({json.dumps(row)[:60]})"
+        raise SystemExit(f"error: {source}: a question {what}") from None
+
+
+def _normalise(row, source):
     if "Instruction" in row:                                         # WizardLM test set
         q = {"question_id": row["idx"], "category": row["Skill"], "turns": [row["Instruction"]],
              "difficulty": row.get("Difficulty")}
@@ -95,9 +109,13 @@ def load_references(path):
     """{question_id: [reference turn, ...]} from FastChat's reference_answer/*.jsonl."""
     if not os.path.exists(path):
         raise SystemExit(f"error: reference answer file {path} does not exist")
-    with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return {r["question_id"]: r["choices"][0]["turns"] for r in rows}
+    refs = {}
+    for i, r in enumerate(jsonl_records(path, "reference answer file", ("question_id", "choices")), 1):
+        try:
+            refs[r["question_id"]] = list(r["choices"][0]["turns"])
+        except (KeyError, IndexError, TypeError):
+            raise SystemExit(f"error: reference answer file {path} line {i}: no choices[0].turns") from None
+    return refs
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -332,6 +350,8 @@ def check_args(args):
         raise SystemExit("error: --benchmarks names a benchmark twice")
     if args.gguf and len(args.hf) != 1:
         raise SystemExit("error: --gguf needs exactly one --hf DIR")
+    if args.judge_url and not args.judge_url.lower().startswith(("http://", "https://")):
+        raise SystemExit(f"error: --judge_url {args.judge_url}: give an http:// or https:// URL")
     if args.judge_url and not args.judge_model:
         raise SystemExit("error: --judge_url needs --judge_model")
     if args.judge_key_env != "OPENAI_API_KEY" and args.judge_key_env not in os.environ:
@@ -339,16 +359,27 @@ def check_args(args):
     return benches
 
 
+def files_id(path):
+    """What a checkpoint file or a model folder holds now, cheaply: a digest of its files' names, sizes and
+    modification times (a model trained or exported again to the same path gets another; a hub name: none)."""
+    files = [path] if os.path.isfile(path) else sorted(os.path.join(path, f) for f in os.listdir(path))
+    return "#" + digest([(os.path.basename(f), st.st_size, st.st_mtime_ns) for f in files
+                         if os.path.isfile(f) and (st := os.stat(f))])[:8] if os.path.exists(path) else ""
+
+
 def model_specs(args):
-    """[(label, model_id, (kind, path, step))]; a run's id names its checkpoint, so the cache never mixes two."""
+    """[(label, model_id, (kind, path, step))]; a model's id names its checkpoint and the files' state (files_id), so
+    the cache never mixes two."""
     specs = []
     for run in args.runs:
-        checkpoint_path(run, args.step)                   # one error line when the run has no such checkpoint
+        ckpt = checkpoint_path(run, args.step)            # one error line when the run has no such checkpoint
         step = list_checkpoints(run)[-1][0] if args.step is None else args.step
-        specs.append((os.path.basename(os.path.normpath(run)), f"{os.path.abspath(run)}@{step}", ("run", run, step)))
+        specs.append((os.path.basename(os.path.normpath(run)), f"{os.path.abspath(run)}@{step}{files_id(ckpt)}",
+                      ("run", run, step)))
     for name in args.hf:
-        specs.append((os.path.basename(os.path.normpath(args.gguf or name)), f"hf:{name}:{args.gguf or ''}",
-                      ("hf", name, None)))
+        where = os.path.abspath(name) if os.path.exists(name) else name
+        specs.append((os.path.basename(os.path.normpath(args.gguf or name)),
+                      f"hf:{where}:{args.gguf or ''}{files_id(name)}", ("hf", name, None)))
     labels = [s[0] for s in specs]
     return [(label if labels.count(label) == 1 else mid, mid, how) for label, mid, how in specs]
 

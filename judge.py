@@ -48,12 +48,28 @@ def load_judge_prompts(path=None):
     path = path or fastchat_data("judge_prompts.jsonl")
     if not os.path.exists(path):
         raise SystemExit(f"error: judge prompt file {path} does not exist")
-    with open(path, encoding="utf-8") as f:
-        prompts = {p["name"]: p for p in map(json.loads, filter(str.strip, f))}
+    prompts = {p["name"]: p for p in jsonl_records(path, "judge prompt file", ("name", "system_prompt",
+                                                                                "prompt_template"))}
     missing = {"single-v1", "single-math-v1", "single-v1-multi-turn", "single-math-v1-multi-turn"} - set(prompts)
     if missing:
         raise SystemExit(f"error: {path} lacks the judge prompts {sorted(missing)}")
     return prompts
+
+
+def jsonl_records(path, what, fields=()):
+    """The records (JSON objects with `fields`) of a JSON-lines file; a line that is not one is an error naming it."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
+    records = []
+    for i, line in lines:
+        try:
+            rec = json.loads(line)
+            assert isinstance(rec, dict) and all(k in rec for k in fields)
+        except (ValueError, AssertionError):
+            raise SystemExit(f"error: {what} {path} line {i}: not a JSON record" + (f" with the fields "
+                             f"{', '.join(fields)}" if fields else "") + f" ({line.strip()[:60]})") from None
+        records.append(rec)
+    return records
 
 
 RECORD_FIELDS = {"answer": ("key", "answer"),
@@ -166,12 +182,17 @@ def reply_text(reply):
         content = "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     if content is not None and not isinstance(content, str):
         raise SystemExit(f"error: the judge's reply content is not text: {json.dumps(content)[:300]}")
-    return content or ""
+    return (content or "").encode("utf-16", "surrogatepass").decode("utf-16", "replace")   # a lone surrogate: U+FFFD
+
+
+class Refused(Exception):
+    """The judge refused this one request (HTTP 400, 413, 422: e.g. a prompt over its context, a content filter)."""
 
 
 def ask_judge(judge, messages):
     """The judge's reply text: POST {url}/chat/completions, retrying 429 / 5xx / connection errors / unreadable
-    replies; each wait (backoff, or the server's Retry-After) is at most judge.timeout and is printed."""
+    replies; each wait (backoff, or the server's Retry-After) is at most judge.timeout and is printed. A refusal of
+    this request (400, 413, 422) raises Refused; any other 4xx (a bad key, URL or model) ends the run."""
     body = json.dumps({"model": judge.model, "messages": messages, "temperature": 0,
                        "max_tokens": judge.max_tokens}).encode()
     headers = {"Content-Type": "application/json"}
@@ -184,6 +205,8 @@ def ask_judge(judge, messages):
             with OPENER.open(urllib.request.Request(url, body, headers), timeout=judge.timeout) as r:
                 return reply_text(json.loads(r.read().decode("utf-8", errors="replace")))
         except urllib.error.HTTPError as e:
+            if e.code in (400, 413, 422):
+                raise Refused(f"HTTP {e.code}: {e.read()[:300].decode(errors='replace')}") from None
             if e.code != 429 and e.code < 500:
                 raise SystemExit(f"error: judge {url} answered HTTP {e.code}: "
                                  f"{e.read()[:300].decode(errors='replace')}") from None
@@ -228,7 +251,13 @@ def judge_answers(judge, prompts, questions, answers, references, cache, paralle
                         todo.append((item, messages))
 
     def run(item, messages):
-        text = ask_judge(judge, messages)
+        try:
+            text = ask_judge(judge, messages)
+        except Refused as e:              # as FastChat's $ERROR$: scores -1; not cached, so a rerun asks again
+            print(f"judge refused {item['benchmark']} question {item['question_id']} turn {item['turn']} of "
+                  f"{item['model']} ({' '.join(str(e).split())[:200]}): scored -1 (unparseable), not cached",
+                  file=sys.stderr)
+            return {**item, "score": -1.0, "judgment": "$ERROR$", "error": str(e)}
         rec = {**item, "score": parse_rating(text), "judgment": text}
         cache.put(rec)
         return rec

@@ -634,3 +634,87 @@ def test_padded_vocabulary_rows_are_never_answered(tmp_path, judge_server):
                     "--out", str(out), "--device", "cpu"]) == 0
     answers = json.loads(out.read_text())["models"]["sft_padded"]["answers"]["mt_bench"]
     assert sorted(answers) == ["1", "2"] and all(len(a) == 2 for a in answers.values())
+
+
+def test_a_checkpoint_written_again_at_the_same_path_is_answered_again(tmp_path, monkeypatch):
+    """The answer cache names the weights, not only the path: a run trained again (or a folder exported again) to the
+    same place and step gets new answers; the same files get the cached ones."""
+    loads = []
+    runs = _fake_runs(tmp_path, monkeypatch, loads)
+    argv = runs[:1] + ["--benchmarks", "mt_bench", "--limit", "1", "--cache", str(tmp_path / "c.jsonl")]
+    assert ce.main(argv) == 0 and ce.main(argv) == 0 and loads == runs[:1]
+    ckpt = tmp_path / "base" / "ckpt_10.pt"
+    ckpt.write_bytes(b"other weights")                            # trained again: another checkpoint, same name
+    assert ce.main(argv) == 0 and loads == runs[:1] * 2
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(b"w1")
+    argv = ["--hf", str(hf), "--benchmarks", "mt_bench", "--limit", "1", "--cache", str(tmp_path / "c.jsonl")]
+    assert ce.main(argv) == 0 and ce.main(argv) == 0 and loads == runs[:1] * 2 + [str(hf)]
+    (hf / "model.safetensors").write_bytes(b"w2 longer")            # exported again with --overwrite
+    assert ce.main(argv) == 0 and loads == runs[:1] * 2 + [str(hf)] * 2
+
+
+def test_a_reply_with_a_lone_surrogate_is_repaired_and_cached(tmp_path, judge_server):
+    server = judge_server(lambda n, body: (200, b'{"choices": [{"message": {"content": "Good \\ud83d. [[7]]"}}]}'))
+    msgs = [{"role": "user", "content": "u"}]
+    assert J.ask_judge(judge(server), msgs) == "Good \ufffd. [[7]]"
+    questions, refs = mt_bench(("writing",))
+    records = run_all(tmp_path, server, questions, refs)
+    assert [r["score"] for r in records] == [7.0, 7.0] and len(J.Cache(str(tmp_path / "cache.jsonl")).items) == 4
+
+
+def test_a_request_the_judge_refuses_scores_minus_one_and_the_rest_are_judged(tmp_path, judge_server, capsys):
+    """HTTP 400 / 413 / 422 refuse one request (a prompt over the judge's context, a content filter): as FastChat's
+    $ERROR$, it scores -1 (unparseable) and the others are judged; it is not cached, so a rerun asks again."""
+    questions, refs = mt_bench(("writing", "math"))
+    refusing = judge_server(lambda n, body: (400, "context length exceeded") if n == 0 else
+                            (200, default_rating(body)))
+    records = run_all(tmp_path, refusing, questions, refs, parallel=1)
+    assert sorted(r["score"] for r in records) == [-1.0, 7.0, 7.0, 7.0] and len(refusing.requests) == 4
+    refused = [r for r in records if r["score"] == -1]
+    assert refused[0]["judgment"] == "$ERROR$" and "HTTP 400" in refused[0]["error"]
+    assert "HTTP 400" in capsys.readouterr().err
+    healthy = judge_server()
+    records = run_all(tmp_path, healthy, questions, refs)
+    assert len(healthy.requests) == 1 and sorted(r["score"] for r in records) == [7.0] * 4
+    bad_key = judge_server(lambda n, body: (401, "bad key"))             # the whole run is misconfigured: stop
+    with pytest.raises(SystemExit, match="answered HTTP 401"):
+        run_all(tmp_path / "x" if (tmp_path / "x").mkdir() is None else None, bad_key, questions, refs)
+
+
+def test_malformed_question_reference_and_prompt_files_are_one_line(tmp_path, monkeypatch):
+    cases = {"q.jsonl": ('{"question_id": 1, "turns": ["a"]}\n{"question_id": 2, "turns": \n', "line 2: not a JSON record"),
+             "list.json": ('{"question_id": 1, "turns": ["a"]}', None),
+             "noid.jsonl": ('{"turns": ["a"]}\n', "lacks the field 'question_id'"),
+             "rows.jsonl": ('[1, 2]\n', "is not a record")}
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text)
+        if message:
+            with pytest.raises(SystemExit, match=f"error: .*{tmp_path / name}:? .*{message}"):
+                ce.load_questions(str(tmp_path / name))
+    assert ce.load_questions(str(tmp_path / "list.json"))[0]["turns"] == ["a"]     # one JSON record, not a list
+    import datasets
+
+    def offline(name, split):
+        raise ConnectionError(f"Couldn't reach '{name}' on the Hub (LocalEntryNotFoundError)")
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    for source in (str(tmp_path / "WizardLM_testset"), "someuser/wizardlm_test"):
+        with pytest.raises(SystemExit, match=f"error: {source}: no such file, and no hub dataset of that name loads"):
+            ce.load_questions(source)
+    (tmp_path / "refs.jsonl").write_text('{"question_id": 1, "turns": ["x"]}\n')
+    with pytest.raises(SystemExit, match=f"error: reference answer file {tmp_path / 'refs.jsonl'} line 1: "):
+        ce.load_references(str(tmp_path / "refs.jsonl"))
+    (tmp_path / "prompts.jsonl").write_text('{"name": "single-v1", "prompt_template": "x"\n')
+    with pytest.raises(SystemExit, match=f"error: judge prompt file {tmp_path / 'prompts.jsonl'} line 1: "):
+        J.load_judge_prompts(str(tmp_path / "prompts.jsonl"))
+
+
+def test_a_judge_url_without_a_scheme_is_refused_up_front(tmp_path, monkeypatch):
+    loads = []
+    runs = _fake_runs(tmp_path, monkeypatch, loads)
+    for url in ("localhost:8000/v1", "127.0.0.1:8000/v1", "ftp://x/v1"):
+        with pytest.raises(SystemExit, match=f"error: --judge_url {re.escape(url)}: give an http:// or https:// URL"):
+            ce.main(runs[:1] + ["--benchmarks", "mt_bench", "--judge_url", url, "--judge_model", "j"])
+    assert loads == []
