@@ -6,6 +6,7 @@ reads another file of the same folder first. An unknown key, a wrong type or a v
     cfg = load_config(["configs/tiny.py", "--max_steps=50"])      # defaults <- files <- command line
 """
 import dataclasses
+import importlib.util
 import math
 import os
 import traceback
@@ -78,10 +79,10 @@ class Config:
 
 
 # settings that may differ when a run is resumed (recorded in config.json's history); all others must match
-RESUMABLE = {"max_steps", "device", "dtype", "compile", "fsdp", "activation_checkpointing", "dist_timeout_min",
-             "micro_batch", "lr", "min_lr_ratio", "warmup_steps", "warmup_ratio", "grad_clip", "max_bad_steps",
-             "log_interval", "eval_interval", "eval_batches", "ckpt_interval", "keep_ckpts", "sharded_ckpt",
-             "async_ckpt", "wandb_project", "wandb_run_name"}
+RESUMABLE = {"max_steps", "epochs", "device", "dtype", "compile", "fsdp", "activation_checkpointing",
+             "dist_timeout_min", "micro_batch", "lr", "min_lr_ratio", "warmup_steps", "warmup_ratio", "grad_clip",
+             "max_bad_steps", "log_interval", "eval_interval", "eval_batches", "ckpt_interval", "keep_ckpts",
+             "sharded_ckpt", "async_ckpt", "wandb_project", "wandb_run_name"}
 # the value a checkpoint written before a setting existed was trained with, where that is not today's default
 BEFORE = {"decay_embeddings": True}
 
@@ -145,6 +146,9 @@ def load_config(argv):
         if value is not None and type(value) is not ftype:
             fail(f"config key {key!r}: expected {ftype.__name__}, got {type(value).__name__} {value!r} {where}")
         values[key] = value
+    if values.get("epochs") and "max_steps" in values:
+        fail(f"epochs = {values['epochs']} sets max_steps, which is set too ({values['max_steps']}): set one of them "
+             f"(--epochs=0 --max_steps={values['max_steps']} for a fixed number of steps)")
     cfg = Config(**values)
     check_config(cfg)
     return cfg
@@ -158,7 +162,7 @@ def check_config(cfg):
     for key in ("batch_tokens", "micro_batch", "seq_len", "log_interval", "eval_batches", "ckpt_interval",
                 "keep_ckpts", "max_steps", "dist_timeout_min"):
         need(getattr(cfg, key) >= 1, key, "must be at least 1")
-    for key in ("warmup_steps", "eval_interval", "max_bad_steps"):
+    for key in ("seed", "warmup_steps", "eval_interval", "max_bad_steps"):
         need(getattr(cfg, key) >= 0, key, "must be 0 or more")
     for key in ("lr", "weight_decay", "grad_clip", "jreg_lambda", "jreg_alpha", "epochs", "warmup_ratio"):
         need(math.isfinite(getattr(cfg, key)) and getattr(cfg, key) >= 0, key, "must be a finite number >= 0")
@@ -170,12 +174,14 @@ def check_config(cfg):
     need(cfg.jreg_weighting in WEIGHTINGS, "jreg_weighting", f"choose one of {WEIGHTINGS}")
     need(cfg.dtype in ("auto", "bfloat16", "float32"), "dtype", "choose auto, bfloat16 or float32")
     need(cfg.sharded_ckpt or not cfg.async_ckpt, "async_ckpt", "needs sharded_ckpt=True")
+    need(not cfg.wandb_project or importlib.util.find_spec("wandb"), "wandb_project", "needs wandb: pip install wandb")
     if cfg.device != "auto":
         try:
             device = torch.device(cfg.device)
         except RuntimeError:
             fail(f"config key 'device' = {cfg.device!r}: not a device (cpu, cuda, cuda:N, mps)")
         need(device.type != "cuda" or torch.cuda.is_available(), "device", "CUDA is not available here")
+        need(device.type != "mps" or torch.backends.mps.is_available(), "device", "MPS is not available here")
         need(device.type in ("cpu", "cuda", "mps"), "device", "choose cpu, cuda, cuda:N or mps")
     if not cfg.init_from:
         model_config(cfg)
@@ -188,6 +194,8 @@ def model_config(cfg):
     for key in ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "ffn_hidden"):
         if overrides.get(key, 1) < 1:
             fail(f"config key {key!r} = {overrides[key]}: must be at least 1")
+    if not overrides.get("rope_theta", 1) > 0:
+        fail(f"config key 'rope_theta' = {overrides['rope_theta']}: must be > 0")
     try:
         return dataclasses.replace(PRESETS[cfg.model], **overrides)
     except AssertionError as e:                                   # LlamaConfig's shape checks

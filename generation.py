@@ -6,16 +6,16 @@ training and generation.
              stop_texts=("<|user|>",), enc=None, seed=None, *, top_k=50, vocab_limit=None, on_token=None)
              -> [[new token ids] per prompt]
 
-Prompts of different lengths run as one left-padded batch; an attention mask hides the padding and the position
-ids start at 0 in every row, so a row's tokens do not depend on its batch. Only ids the tokenizer can decode are
+Prompts of different lengths run as one left-padded batch; an attention mask hides the padding and the position ids
+start at 0 in every row, so a row's tokens do not depend on its batch. Only ids the tokenizer can decode are
 generated: the head's padded rows (320 for 257 byte tokens, 50,304 for GPT-2's 50,257) are masked before greedy
 choice and sampling, up to vocab_limit (default: enc.n_vocab, len() of a Hugging Face tokenizer; without enc, the
 whole head). Sampling: temperature, then the top_k most likely tokens (default 50, Hugging Face generate's default,
 so answers are sampled as FastChat's gen_model_answer samples them; 0 = off), then the top_p nucleus. A row stops at
-a token of stop_ids (default: enc's end-of-text), when its decoded text contains one of stop_texts past its first
-character (as FastChat, `text.find(stop) > 0`), after max_new_tokens, or when the context (max_seq_len) is full; the
-stop token or text is not returned. on_token(row, token) is called for each token as it is kept (a stop text's
-first tokens are taken back when it completes).
+a token of stop_ids (default: enc.stop_ids if it has them, else its end-of-text), when its decoded text contains one
+of stop_texts past its first character (as FastChat, `text.find(stop) > 0`), after max_new_tokens, or when the
+context (max_seq_len) is full; the stop token or text is not returned. on_token(row, token) is called for each token
+as it is kept (a stop text's first tokens are taken back when it completes).
 """
 import math
 
@@ -80,7 +80,7 @@ def generate(model, prompts, max_new_tokens=256, temperature=0.0, top_p=1.0, sto
     stop_texts = tuple(stop_texts or ())
     if stop_texts and enc is None:
         raise ValueError("stop_texts need enc (a tokenizer) to decode the generated tokens")
-    stop_ids = set((eot_of(enc),) if stop_ids is None and enc is not None else stop_ids or ())
+    stop_ids = set(getattr(enc, "stop_ids", (eot_of(enc),)) if stop_ids is None and enc is not None else stop_ids or ())
     vocab = min(vocab_limit or (vocab_of(enc) if enc is not None else cfg.vocab_size), cfg.vocab_size)
     device, dtype = model.tok_emb.weight.device, model.tok_emb.weight.dtype
     B, P = len(prompts), max(map(len, prompts))

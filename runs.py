@@ -73,23 +73,30 @@ def model_state(ckpt):
     return state["model"]
 
 
-PENDING = []   # an async sharded save in flight: (future, its .tmp folder, its final name)
+PENDING = []   # an async sharded save in flight: (future, its .tmp folder, its final name, keep_ckpts)
 
 
 def finish_checkpoint():
     """Wait for the async save in flight, if any, and give it its final name."""
     while PENDING:
-        future, tmp, path = PENDING.pop()
+        future, tmp, path, keep = PENDING.pop()
         future.result()
-        publish(tmp, path)
+        publish(tmp, path, keep)
 
 
-def publish(tmp, path):
-    """Rank 0 renames a sharded checkpoint written by every rank to its final name; the others wait for it."""
+def publish(tmp, path, keep):
+    """Rank 0 renames a sharded checkpoint written by every rank to its final name and deletes all but the newest
+    `keep` checkpoints; the others wait for it."""
     if int(os.environ.get("RANK", 0)) == 0:
         os.replace(tmp, path)
+        prune(os.path.dirname(path), keep)
     if dist.is_initialized():
         dist.barrier()
+
+
+def prune(out_dir, keep):
+    for _, old in list_checkpoints(out_dir)[:-keep]:
+        shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
 
 
 def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
@@ -123,9 +130,7 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
     if master and not cfg.sharded_ckpt:
         torch.save({"model": model_sd, "optimizer": optim_sd, **meta}, path + ".tmp")
         os.replace(path + ".tmp", path)
-    if master:
-        for _, old in list_checkpoints(cfg.out_dir)[:-cfg.keep_ckpts]:
-            shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
+        prune(cfg.out_dir, cfg.keep_ckpts)
 
 
 def save_sharded(cfg, path, model, optimizer, meta, master):
@@ -145,11 +150,11 @@ def save_sharded(cfg, path, model, optimizer, meta, master):
     state = {"model": model_sd, "optimizer": optim_sd}
     if not cfg.async_ckpt:
         dcp.save(state, checkpoint_id=tmp, no_dist=not dist.is_initialized())
-        return publish(tmp, path)
+        return publish(tmp, path, cfg.keep_ckpts)
     if dist.is_initialized() and "gloo" not in ASYNC_GROUP:   # created once, by every rank at the same point
         ASYNC_GROUP["gloo"] = dist.new_group(backend="gloo")
     PENDING.append((dcp.async_save(state, checkpoint_id=tmp, process_group=ASYNC_GROUP.get("gloo"),
-                                   no_dist=not dist.is_initialized()), tmp, path))
+                                   no_dist=not dist.is_initialized()), tmp, path, cfg.keep_ckpts))
 
 
 ASYNC_GROUP = {}
@@ -267,6 +272,11 @@ def check_resume(cfg, mcfg, ckpt, path, data_id):
     wrong = {k: c for k, c in changed.items() if k not in free}
     if ckpt.get("model_config") != dataclasses.asdict(mcfg):
         fail(f"checkpoint {path} is of another model: use another out_dir or the same model")
+    if "micro_batch" in changed and "eval_batches" not in changed and cfg.eval_interval:
+        n, (was, now) = old["eval_batches"] * old["micro_batch"], changed["micro_batch"]
+        fail(f"micro_batch {was} -> {now} changes the validation set (eval_batches · micro_batch = {n} windows): "
+             + (f"add --eval_batches={n // now} to keep it" if n % now == 0 else f"keep it with a micro_batch that "
+                f"divides {n} windows, or set eval_batches too (another validation set)"))
     if ckpt.get("data_identity") not in (None, data_id):
         fail(f"{cfg.data_dir} holds other data than the run was trained on (identity {data_id}, the run's "
              f"{ckpt['data_identity']}; prepared again?): resume on the run's data or use another out_dir")
@@ -434,12 +444,15 @@ def hf_max_length(config, tokenizer=None, default=2048):
 
 
 def load_llama(run_dir=None, step=None, hf=None, gguf=None, device="cpu"):
-    """(our Llama, tokenizer, name) from a run folder or a Hugging Face Llama (converted to our Llama), for generation."""
+    """(our Llama, tokenizer, name) from a run folder or a Hugging Face Llama (converted to our Llama), for generation;
+    a Hugging Face tokenizer's stop_ids are its eos and those of the model's generation_config."""
     if hf:
         hf_model, hf_tok = load_hf(hf, gguf, device)
         if hf_model.config.model_type != "llama":
             raise SystemExit(f"error: {hf} is a {hf_model.config.model_type!r} model; generation runs Llama models")
-        return Llama.from_hf(hf_model).to(device).eval(), HFTokenizer(hf_tok), hf
+        enc, eos = HFTokenizer(hf_tok), hf_model.generation_config.eos_token_id   # generate stops where HF's does
+        enc.stop_ids = {enc.eot_token, *(eos if isinstance(eos, list) else [] if eos is None else [eos])}
+        return Llama.from_hf(hf_model).to(device).eval(), enc, hf
     if not os.path.isdir(run_dir):
         raise SystemExit(f"error: run folder {run_dir} does not exist")
     model, enc, meta = load_run(run_dir, step, device)

@@ -332,6 +332,10 @@ def test_chat_hf_folder(trained, enc, tmp_path, monkeypatch, capsys):
     tok.save_pretrained(tmp_path)
     argv = ["--hf", str(tmp_path), "--temperature", "0", "--max_new_tokens", "6"]
     assert run_chat(argv, "a\nb\n", monkeypatch, capsys)[0] == ["Hi!", "Bye!"]
+    hf = trained.to_hf()
+    hf.generation_config.eos_token_id = [256, ord("!")]            # an end-of-turn id beside the tokenizer's eos
+    hf.save_pretrained(tmp_path)
+    assert run_chat(argv, "a\n", monkeypatch, capsys)[0] == ["Hi"]              # as Hugging Face's generate stops
     tok.chat_template = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}{% if add_generation_prompt %}>{% endif %}"
     assert conversations.chat_prompt([U("a"), A("b"), U("c")], data.HFTokenizer(tok)) == list(b"[a][b][c]>")
 

@@ -241,6 +241,8 @@ def test_config_errors(data_dir, tmp_path):
     ("--dtype=fp8", "'dtype'"), ("--device=gpu0", "'device'"), ("--n_head=3", "model shape"),
     ("--n_kv_head=3", "model shape"), ("--n_layer=0", "'n_layer' = 0"), ("--vocab_size=-5", "vocab_size"),
     ("--max_bad_steps=-1", "'max_bad_steps' = -1"), ("--dist_timeout_min=0", "'dist_timeout_min' = 0"),
+    ("--seed=-1", "'seed' = -1: must be 0 or more"), ("--rope_theta=0", "'rope_theta' = 0.0: must be > 0"),
+    ("--device=mps", "MPS is not available here"), ("--wandb_project=x", "needs wandb"),
 ])
 def test_every_setting_is_checked_before_anything_is_written(data_dir, tmp_path, setting, message):
     """One `error:` line, exit status 1, no out_dir. (Before: tracebacks, some after a trained step, and
@@ -283,6 +285,35 @@ def test_resume_with_other_settings_is_refused_and_allowed_changes_are_recorded(
     history = json.load(open(tmp_path / "config.json"))["history"]
     assert [h["step"] for h in history] == [0, 2]
     assert history[1]["changed"] == {"max_steps": [2, 4], "eval_interval": [0, 2], "keep_ckpts": [3, 5]}
+
+
+def test_resume_keeps_the_validation_set_and_says_when_there_is_nothing_to_train(data_dir, tmp_path, capsys):
+    """The validation set is eval_batches · micro_batch windows: a resume that changes micro_batch alone would change
+    it, so it is refused with the eval_batches that keeps it. A run already at max_steps says so."""
+    run(data_dir, tmp_path, "--max_steps=2", "--eval_interval=2")
+    with pytest.raises(SystemExit, match="micro_batch 4 -> 2 changes the validation set .*--eval_batches=8"):
+        run(data_dir, tmp_path, "--max_steps=4", "--eval_interval=2", "--micro_batch=2")
+    with pytest.raises(SystemExit, match="micro_batch 4 -> 3 changes the validation set .* 16 windows"):
+        run(data_dir, tmp_path, "--max_steps=4", "--eval_interval=2", "--micro_batch=3", "--batch_tokens=576")
+    run(data_dir, tmp_path, "--max_steps=4", "--eval_interval=2", "--micro_batch=2", "--eval_batches=8")
+    assert read_log(tmp_path)[1][-1]["step"] == 4
+    capsys.readouterr()
+    run(data_dir, tmp_path, "--max_steps=3", "--eval_interval=2", "--micro_batch=2", "--eval_batches=8")
+    assert "the run is at step 4 (max_steps 3): nothing to train" in capsys.readouterr().out
+
+
+def test_epochs_and_max_steps_are_not_both_set_and_epochs_may_grow_on_resume():
+    with pytest.raises(SystemExit, match="epochs = 2.0 sets max_steps, .*--epochs=0 --max_steps=10"):
+        CF.load_config(["configs/sft_3.4b.py", "--max_steps=10"])
+    assert CF.load_config(["configs/sft_3.4b.py", "--epochs=0", "--max_steps=10"]).max_steps == 10
+    assert "epochs" in CF.RESUMABLE and "warmup_ratio" in CF.RESUMABLE
+
+
+def test_too_few_validation_windows_for_the_processes_names_the_settings(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(train, "processes", lambda cfg: (False, 0, 2, 1, torch.device("cpu"), False))
+    with pytest.raises(SystemExit, match="eval_batches · micro_batch = 1 validation window, fewer than the 2 "
+                                         "processes: raise eval_batches"):
+        run(data_dir, tmp_path, "--max_steps=1", "--micro_batch=1", "--eval_batches=1", "--batch_tokens=128")
 
 
 def test_resume_may_change_lr_grad_clip_and_warmup_and_records_them(data_dir, tmp_path):
@@ -835,6 +866,9 @@ def test_sharded_checkpoints_resume_exactly_and_are_read_like_files(data_dir, tm
     resumed, _ = run(data_dir, tmp_path / "sharded", *args, "--sharded_ckpt=True")
     assert [r["loss"] for r in resumed] == [r["loss"] for r in whole]
     assert [s for s, _ in runs.list_checkpoints(tmp_path / "sharded")] == [2, 4]
+    run(data_dir, tmp_path / "async", *args[1:], "--max_steps=3", "--ckpt_interval=1", "--keep_ckpts=2",
+        "--sharded_ckpt=True", "--async_ckpt=True")                       # the last save, published at the end
+    assert [s for s, _ in runs.list_checkpoints(tmp_path / "async")] == [2, 3]
     a, b = runs.load_run(str(tmp_path / "file"))[0], runs.load_run(str(tmp_path / "sharded"))[0]
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     os.remove(tmp_path / "sharded" / "ckpt_0000004" / ".metadata")

@@ -220,6 +220,9 @@ def main(argv):
                                                cfg.eval_batches * cfg.micro_batch if cfg.eval_interval else 0)
     data_id = data_identity(cfg.data_dir)
     n_val = len(vx) // world * world
+    if cfg.eval_interval and n_val == 0 and cfg.eval_batches * cfg.micro_batch < world:
+        fail(f"eval_batches · micro_batch = {cfg.eval_batches * cfg.micro_batch} validation window"
+             f"{'s' * (cfg.eval_batches * cfg.micro_batch > 1)}, fewer than the {world} processes: raise eval_batches")
     if cfg.eval_interval and n_val == 0:
         fail(f"{cfg.data_dir}: the val split holds fewer than {world} windows of {cfg.seq_len + 1} tokens")
     part = lambda t, i: None if t is None else t[:n_val][rank::world][i:i + cfg.micro_batch]   # strided over ranks
@@ -251,6 +254,9 @@ def main(argv):
                if step else "") + f"model {cfg.init_from or cfg.model}: {model.num_params() / 1e6:.1f}M parameters, "
               f"{mcfg.n_layer} layers | world {world} | grad_accum {grad_accum} | device {device} "
               f"{'bf16' if bf16 else 'fp32'} | jreg λ={cfg.jreg_lambda} α={cfg.jreg_alpha} {cfg.jreg_weighting}")
+        if step >= cfg.max_steps:
+            print(f"the run is at step {step} (max_steps {cfg.max_steps}): nothing to train; raise max_steps to "
+                  "extend it")
     wandb = None
     if cfg.wandb_project and master:
         import wandb
