@@ -161,7 +161,7 @@ def answer_questions(questions, label, model_id, answer_fn, cache, max_new_token
 def model_answer_fn(model, enc, max_new_tokens=1024, seed=0):
     """answer_fn of our Llama: conversations.chat_prompt and generate, as FastChat's gen_model_answer (the whole
     conversation is the prompt, the new tokens capped at what is left of the context; top_k 50, seeded per
-    conversation). Recorded: prompt_tokens, and limit "context" when that cap (below max_new_tokens) ended the
+    conversation; a Hugging Face tokenizer's special tokens removed from the answer). Recorded: prompt_tokens, and limit "context" when that cap (below max_new_tokens) ended the
     answer, "no_room" when the prompt alone fills the context (the answer is then empty)."""
     def answer(messages, temperature):
         ids = chat_prompt(messages, enc)
@@ -171,7 +171,10 @@ def model_answer_fn(model, enc, max_new_tokens=1024, seed=0):
         sample_seed = (seed + zlib.crc32(json.dumps(messages).encode())) % 2 ** 31
         new = generate(model, [ids], cap, temperature=temperature, top_k=50, enc=enc, seed=sample_seed)[0]
         limit = "context" if cap < max_new_tokens and len(new) >= cap else None
-        return {"answer": enc.decode(new), "prompt_tokens": len(ids), "limit": limit}
+        text = enc.decode(new)
+        for special in getattr(getattr(enc, "hf", None), "all_special_tokens", ()):   # a Hugging Face tokenizer's,
+            text = text.replace(special, "")                                          # removed as FastChat does
+        return {"answer": text, "prompt_tokens": len(ids), "limit": limit}
     return answer
 
 

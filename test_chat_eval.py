@@ -718,3 +718,13 @@ def test_a_judge_url_without_a_scheme_is_refused_up_front(tmp_path, monkeypatch)
         with pytest.raises(SystemExit, match=f"error: --judge_url {re.escape(url)}: give an http:// or https:// URL"):
             ce.main(runs[:1] + ["--benchmarks", "mt_bench", "--judge_url", url, "--judge_model", "j"])
     assert loads == []
+
+
+def test_special_tokens_are_stripped_from_a_hugging_face_models_answers(monkeypatch):
+    """As FastChat's gen_model_answer: the tokenizer's special tokens are removed from the decoded answer."""
+    enc = D.get_tokenizer("hf:" + D.smollm2_gguf())
+    new = enc.encode_ordinary("Paris.") + enc.encode("<|im_start|>") + enc.encode_ordinary(" It is")
+    monkeypatch.setattr(ce, "generate", lambda *a, **k: [new])
+    model = type("M", (), {"config": type("C", (), {"max_seq_len": 2048})})()
+    answer = ce.model_answer_fn(model, enc, max_new_tokens=8)([{"role": "user", "content": "Capital of France?"}], 0.0)
+    assert answer["answer"] == "Paris. It is"
