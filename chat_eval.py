@@ -161,8 +161,9 @@ def answer_questions(questions, label, model_id, answer_fn, cache, max_new_token
 def model_answer_fn(model, enc, max_new_tokens=1024, seed=0):
     """answer_fn of our Llama: conversations.chat_prompt and generate, as FastChat's gen_model_answer (the whole
     conversation is the prompt, the new tokens capped at what is left of the context; top_k 50, seeded per
-    conversation; a Hugging Face tokenizer's special tokens removed from the answer). Recorded: prompt_tokens, and limit "context" when that cap (below max_new_tokens) ended the
-    answer, "no_room" when the prompt alone fills the context (the answer is then empty)."""
+    conversation; a Hugging Face tokenizer's special tokens removed from the answer). Recorded: prompt_tokens, and
+    limit "context" when that cap (below max_new_tokens) ended the answer, "no_room" when the prompt alone fills the
+    context (the answer is then empty)."""
     def answer(messages, temperature):
         ids = chat_prompt(messages, enc)
         cap = min(max_new_tokens, model.config.max_seq_len - len(ids))
