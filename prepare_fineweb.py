@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from data import (
-    DATASET, DTYPES, MANIFEST, VERSION, HFTokenizer, _strays, get_tokenizer, kjv_path, load_manifest,
-    one_line, open_sources, read_shard, tokenizer_fingerprint, write_atomic, write_shard)
+    DATASET, DTYPES, MANIFEST, VERSION, HFTokenizer, _builder, _strays, get_tokenizer, kjv_path, load_manifest,
+    one_line, open_sources, read_shard, remove_preparation, tokenizer_fingerprint, write_atomic, write_shard)
 
 
 BATCH_DOCS = 1024  # documents read, and tokenised by one thread, at a time
@@ -35,6 +35,7 @@ def _batches(sources, field, resume):
             continue
         if field in (ds.column_names or []):  # read only the text (when the columns are known in advance)
             ds = ds.select_columns([field])
+        text_file = os.path.isfile(desc) and _builder(desc) == "text"  # one document, or none when it is empty
         if (state := resume["state"] if i == resume["source"] else None) is not None:
             ds.load_state_dict(state)
         batches = ds.iter(batch_size=BATCH_DOCS)
@@ -49,7 +50,7 @@ def _batches(sources, field, resume):
                                  "with --text_field")
             if not all(isinstance(t, str) for t in texts):
                 raise SystemExit(f"error: {desc}: a {field!r} value is not a string")
-            yield (i, state), texts
+            yield (i, state), [t for t in texts if t] if text_file else texts
             state = ds.state_dict()  # exactly after this batch: resuming from it continues with the next document
 
 
@@ -96,9 +97,8 @@ def open_folder(out_dir, config, enc, overwrite):
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
         raise SystemExit(f"error: --out_dir {out_dir}: {one_line(e)}") from None
-    for f in os.listdir(out_dir) if overwrite else []:  # remove the previous preparation, whatever its prefix
-        if f.endswith((".bin", ".bin.tmp", MANIFEST, MANIFEST + ".tmp")):
-            os.remove(os.path.join(out_dir, f))
+    if overwrite:
+        remove_preparation(out_dir)
     if m := load_manifest(out_dir, lambda m: m.get("complete") or {"source", "state", "skip", "tokens", "next"} <=
                           set(m["resume"])):
         old = {"tokenizer_fingerprint": config["tokenizer_fingerprint"], **m.get("config", {})}  # older: tiktoken
@@ -147,7 +147,7 @@ def prepare(out_dir, *, inputs=None, name=None, text_field="text", tokenizer="gp
     start, t0, limit = m["resume"], time.perf_counter(), max_tokens or float("inf")
     written, index, fill, skip = start["tokens"], start["next"], 0, start["skip"]
     first = VAL_MAX * VAL_SHARE if val_tokens is None else val_tokens  # tokens read before the val shard is written
-    buf = np.empty(int(min(max(shard_tokens, first), limit)), dtype)
+    buf = np.empty(0, dtype)  # grown as tokens are read, to at most the largest shard (first, or shard_tokens)
     capacity = lambda: min(first if index == 0 else shard_tokens, limit - written)  # noqa: E731
 
     def flush(resume, n=None):  # write the first n (default all) buffered tokens as the next shard, record it
@@ -175,6 +175,9 @@ def prepare(out_dir, *, inputs=None, name=None, text_field="text", tokenizer="gp
         pos, skip = min(skip, len(tokens)), max(0, skip - len(tokens))  # after a resume, skip what shards hold
         while pos < len(tokens) and written < limit:
             take = min(capacity() - fill, len(tokens) - pos)
+            if fill + take > len(buf):
+                buf = np.concatenate([buf[:fill], np.empty(min(max(fill + take, 2 * len(buf)), capacity()) - fill,
+                                                           dtype)])
             buf[fill:fill + take] = tokens[pos:pos + take]
             fill, pos = fill + take, pos + take
             if fill == capacity() and index == 0 and val_tokens is None:

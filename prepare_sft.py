@@ -24,7 +24,8 @@ import numpy as np
 
 from conversations import HEADERS, MASK_TOKENIZER, START, chat_template, render, render_template
 from data import (
-    MANIFEST, get_tokenizer, load_manifest, one_line, open_sources, tokenizer_fingerprint, write_atomic, write_shard)
+    MANIFEST, get_tokenizer, load_manifest, one_line, open_sources, remove_preparation, tokenizer_fingerprint,
+    write_atomic, write_shard)
 
 
 DEFAULT_DATASET = "allenai/tulu-v2-sft-mixture"
@@ -35,8 +36,9 @@ SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "chatgpt": "assistant", "
 # ----------------------------------------------------------------------------------------------------------
 # Conversations: records in three schemas -> [{role, content}]
 
-def to_messages(record, where):
-    """The record's turns as [{role, content}] (not yet checked); SystemExit when no known schema fits."""
+def to_messages(record):
+    """The record's turns as [{role, content}] (not yet checked), or None when no schema field holds a value (datasets
+    gives a key that a record lacks as null): a malformed record, or, as a file's first record, an unknown schema."""
     if (turns := record.get("messages")) is not None:
         return [{"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else {}
                 for m in turns] if isinstance(turns, list) else [{}]
@@ -44,20 +46,18 @@ def to_messages(record, where):
         return [{"role": SHAREGPT_ROLES.get(f, f) if isinstance(f := t.get("from"), str) else None,
                  "content": t.get("value")} if isinstance(t, dict) else {}
                 for t in turns] if isinstance(turns, list) else [{}]
-    if record.get("instruction") is not None and record.get("output") is not None:
-        instruction, extra = record["instruction"], record.get("input")
+    if record.get("instruction") is not None or record.get("output") is not None:
+        instruction, extra = record.get("instruction"), record.get("input")
         if isinstance(instruction, str) and isinstance(extra, str) and extra:
             instruction += "\n\n" + extra
-        return [{"role": "user", "content": instruction}, {"role": "assistant", "content": record["output"]}]
-    keys = sorted(k for k, v in record.items() if v is not None)
-    raise SystemExit(f"error: {where}: unknown conversation schema (keys {keys}); expected 'messages', "
-                     "'conversations' (ShareGPT) or 'instruction'/'input'/'output' (Alpaca)")
+        return [{"role": "user", "content": instruction}, {"role": "assistant", "content": record.get("output")}]
+    return None
 
 
 def clean(messages):
     """(messages, trimmed) with leading assistant turns and a trailing user turn removed, or (None, False) when
-    the roles do not alternate user/assistant after an optional first system message."""
-    if not all(m.get("role") in HEADERS and isinstance(m.get("content"), str) for m in messages):
+    there are none (None) or the roles do not alternate user/assistant after an optional first system message."""
+    if messages is None or not all(m.get("role") in HEADERS and isinstance(m.get("content"), str) for m in messages):
         return None, False
     system = messages[:1] if messages and messages[0]["role"] == "system" else []
     turns = messages[len(system):]
@@ -108,7 +108,7 @@ def conversations(source, enc, seq_len, counts):
     templated = chat_template(enc) is not None
     for where, record in source:
         counts["records"] += 1
-        messages, trimmed = clean(to_messages(record, where))
+        messages, trimmed = clean(to_messages(record))
         if messages is not None:  # text beyond `room` cannot reach the window: never tokenised
             kept = cut(messages, room)
             rendered = render_template(kept, enc, seq_len + 1) if templated else render(kept, enc)
@@ -142,18 +142,26 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
         if not isinstance(value, int) or value < low:
             raise SystemExit(f"error: {option} must be an integer >= {low}, got {value!r}")
     sources, described = open_sources(inputs, dataset=name, split=split, exclude=out_dir)  # read lazily, below
+    for source in sources:  # a file's first record shows its schema (a later record that fits none is malformed)
+        for where, record in itertools.islice(records([source]), 1):
+            if to_messages(record) is None:
+                keys = sorted(k for k, v in record.items() if v is not None)
+                raise SystemExit(f"error: {where}: unknown conversation schema (keys {keys}); expected 'messages', "
+                                 "'conversations' (ShareGPT) or 'instruction'/'input'/'output' (Alpaca)")
     enc = get_tokenizer(tokenizer)
     template = chat_template(enc) and chat_template(enc).chat_template
     config = {"kind": "sft", "source": described, "split": split, "tokenizer": enc.name, "vocab_size": enc.n_vocab,
               "eot_token": enc.eot_token, "tokenizer_fingerprint": tokenizer_fingerprint(enc), "chat_template": "ours"
               if template is None else hashlib.sha256(json.dumps(template).encode()).hexdigest()[:16],
               "seq_len": seq_len, "val_conversations": val_conversations, "shard_conversations": shard_conversations}
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"error: --out_dir {out_dir}: {one_line(e)}") from None
     manifest_path = os.path.join(out_dir, MANIFEST)
     ours = lambda: [f for f in os.listdir(out_dir) if f.startswith("sft_")]  # noqa: E731
     if overwrite:
-        for f in ours() + ([MANIFEST] if os.path.exists(manifest_path) else []):
-            os.remove(os.path.join(out_dir, f))
+        remove_preparation(out_dir)
     if manifest := load_manifest(out_dir, lambda m: m.get("kind") != "sft" or set(COUNTS) <= set(m["counts"]) and
                                  all(isinstance(s["mask"], str) for s in m["shards"]) and "complete" in m):
         old = {"tokenizer_fingerprint": config["tokenizer_fingerprint"], "chat_template": "ours",  # older: tiktoken
@@ -164,9 +172,7 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
                              "use another --out_dir or --overwrite")
         if manifest["complete"]:
             return manifest
-    elif ours():
-        raise SystemExit(f"error: {out_dir} holds sft_* files but no {MANIFEST}; use another --out_dir or --overwrite")
-    else:
+    else:  # a new preparation, or one killed within its first shard: what that left is removed below
         manifest = {"kind": "sft", "config": config, "shards": [], "complete": False, "elapsed_s": 0.0,
                     "counts": dict.fromkeys(COUNTS, 0)}
     listed = {f for s in manifest["shards"] for f in (s["file"], s["mask"])}

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -441,8 +442,9 @@ def test_sources_and_byte_identical_resume(tmp_path, monkeypatch, request, fmt):
     tok = request.getfixturevalue("hf_name") if fmt.endswith("+hf") else "bytes"
     enc, inputs = D.get_tokenizer(tok), None if fmt == "hub" else _input(tmp_path, fmt.removesuffix("+hf"))
     ref, m = run(tmp_path, name="ref", inputs=inputs, workers=2, tokenizer=tok)
-    docs = [d.replace("\r\n", "\n") for d in DOCS] if fmt == "txt" else DOCS  # text mode: universal newlines
-    assert np.array_equal(all_tokens(ref, tok), expected_tokens(enc, docs)) and m["documents"] == len(DOCS)
+    # text mode: universal newlines; an empty .txt file holds no document (before: one of <|endoftext|> alone)
+    docs = [d.replace("\r\n", "\n") for d in DOCS if d] if fmt == "txt" else DOCS
+    assert np.array_equal(all_tokens(ref, tok), expected_tokens(enc, docs)) and m["documents"] == len(docs)
     assert [m["config"][k] for k in ("tokenizer", "vocab_size", "eot_token", "tokenizer_fingerprint")] == \
         [tok, enc.n_vocab, enc.eot_token, D.tokenizer_fingerprint(enc)]
     for n, after_rename in ((3, False), (5, True)):
@@ -534,6 +536,7 @@ def test_input_errors_name_the_file(tmp_path, capsys):
     good = write_jsonl(tmp_path / "good.jsonl", DOCS[:5])
     (tmp_path / "empty.jsonl").write_text("\n")
     (tmp_path / "empty0.jsonl").write_text("")
+    (tmp_path / "empty.txt").write_text("")
     write_jsonl(tmp_path / "other.jsonl", ["a", "b"], field="content")
     (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": broken}\n')
     (tmp_path / "badutf.jsonl").write_bytes(b'{"text": "fine"}\n{"text": "bad \xff byte"}\n')
@@ -546,6 +549,7 @@ def test_input_errors_name_the_file(tmp_path, capsys):
              "*.nothing": r"^error: no files match",
              "empty.jsonl": r"^error: the input has no documents: .*empty\.jsonl",
              "empty0.jsonl": r"^error: the input has no documents: .*empty0\.jsonl",
+             "empty.txt": r"^error: the input has no documents: .*empty\.txt",
              "other.jsonl": r"^error: .*other\.jsonl: no text field 'text' \(fields: id, content, meta\); choose",
              "x.parquet": r"^error: .*x\.parquet: no text field 'text' \(fields: body, n\)",
              "bad.jsonl": r"^error: .*bad\.jsonl: .*JSON parse error",
@@ -574,6 +578,60 @@ def test_cli_exit_status_and_one_line(tmp_path):
     r = subprocess.run(CLI + ["--out_dir", str(tmp_path / "o"), "--input", str(tmp_path / "nope.jsonl")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and r.stderr.splitlines() == [f"error: input not found: {tmp_path / 'nope.jsonl'}"]
+
+
+def test_out_dir_that_is_a_file_is_one_line(tmp_path, capsys):
+    """Before: offline_tasks.py stopped with a FileExistsError traceback (prepare_sft.py: its test_bad_input_errors)."""
+    import offline_tasks
+
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SystemExit, match=r"^error: --out_dir .*afile: FileExistsError"):
+        run(tmp_path, name="afile")
+    with pytest.raises(SystemExit, match=r"^error: .*afile: FileExistsError"):
+        offline_tasks.make_offline_tasks(str(tmp_path / "afile"), root=str(tmp_path))
+
+
+def test_buffer_holds_no_more_than_was_read(tmp_path):
+    """Before: the buffer was allocated at its full size up front: --shard_tokens 100000000000 on a small input died
+    with numpy's MemoryError (186 GiB), and a --val_tokens above --shard_tokens was buffered whole."""
+    ref, _ = run(tmp_path, name="ref", shard_tokens=10**6)
+    tracemalloc.start()
+    try:
+        out, _ = run(tmp_path, shard_tokens=10**11)
+        with pytest.raises(SystemExit, match=r"^error: .*all in the val split"):
+            run(tmp_path, name="val", val_tokens=10**11)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert shard_bytes(out) == shard_bytes(ref) and peak < 50e6, peak
+
+
+def test_literal_path_with_glob_characters(tmp_path):
+    """Before: a file named with [ ] was read as a glob, which did not match it: 'no files match'."""
+    path = write_jsonl(tmp_path / "we[ird].jsonl", DOCS)
+    for name, inputs in (("literal", [path]), ("glob", [str(tmp_path / "we[[]ird].json*")])):
+        out, m = run(tmp_path, name=name, inputs=inputs)
+        assert np.array_equal(all_tokens(out), expected_tokens(BYTES, DOCS)), name
+
+
+def test_overwrite_removes_either_tools_preparation(tmp_path):
+    """--overwrite removes every shard file of any prefix and tool (.bin, .bin.mask and their .tmp) and the manifest.
+    Before: prepare_sft.py kept a prepare_fineweb.py folder's shards (list_shards then refused the folder), and
+    prepare_fineweb.py kept an SFT folder's .bin.mask shards."""
+    import prepare_sft
+
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    chats = write_jsonl(tmp_path / "chats.jsonl", [chat] * 3, field="messages")
+    out, _ = run(tmp_path)
+    open(os.path.join(out, "fineweb_train_000009.bin.tmp"), "wb").write(b"partial")   # what a kill leaves
+    m = prepare_sft.prepare(out, inputs=[chats], tokenizer="bytes", val_conversations=1, overwrite=True,
+                            log=lambda s: None)
+    assert sorted(os.listdir(out)) == sorted([f for s in m["shards"] for f in (s["file"], s["mask"])] +
+                                             ["manifest.json"])
+    assert len(D.list_shards(out, "train")) == 1
+    open(os.path.join(out, "sft_train_000009.bin.mask.tmp"), "wb").write(b"partial")
+    out, m = run(tmp_path, overwrite=True)
+    assert sorted(os.listdir(out)) == sorted([s["file"] for s in m["shards"]] + ["manifest.json"])
 
 
 # --------------------------------------------------------------------------- end to end, benchmark

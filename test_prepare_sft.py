@@ -57,7 +57,7 @@ def write_jsonl(path, recs):
 
 
 def load(path):
-    return [prepare_sft.clean(prepare_sft.to_messages(r, w))[0] for w, r in prepare_sft.records(open_sources([str(path)])[0])]
+    return [prepare_sft.clean(prepare_sft.to_messages(r))[0] for w, r in prepare_sft.records(open_sources([str(path)])[0])]
 
 
 def test_three_schemas_give_the_same_messages(tmp_path):
@@ -82,7 +82,7 @@ def test_system_prompts_kept_and_irregular_turns():
     u, a = {"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}
     sharegpt = {"conversations": [{"from": "system", "value": "S"}, {"from": "human", "value": "U"},
                                   {"from": "gpt", "value": "A"}]}
-    assert prepare_sft.clean(prepare_sft.to_messages(sharegpt, "x")) == ([sys_, u, a], False)
+    assert prepare_sft.clean(prepare_sft.to_messages(sharegpt)) == ([sys_, u, a], False)
     assert prepare_sft.clean([sys_, a, u, a, u]) == ([sys_, u, a], True)        # leading answer and trailing question trimmed
     assert prepare_sft.clean([u, u, a]) == (None, False)                       # not alternating
     assert prepare_sft.clean([u, a, sys_]) == (None, False)                    # system not first
@@ -97,6 +97,10 @@ def test_bad_input_errors(tmp_path):
     with pytest.raises(SystemExit, match=r"error: .*x.jsonl record 0: unknown conversation schema "
                                          r"\(keys \['completion', 'prompt'\]"):
         prepare_sft.prepare(str(tmp_path / "out"), inputs=[path], tokenizer="bytes")
+    good = write_jsonl(tmp_path / "good.jsonl", [{"messages": CONV}])
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SystemExit, match=r"^error: --out_dir .*afile: FileExistsError"):   # before: a traceback
+        prepare_sft.prepare(str(tmp_path / "afile"), inputs=[good], tokenizer="bytes")
     for kw, opt in (({"seq_len": 0}, "--seq_len"), ({"val_conversations": -1}, "--val_conversations"),
                     ({"shard_conversations": 0}, "--shard_conversations")):
         with pytest.raises(SystemExit, match=f"error: {opt} must be an integer >= "):
@@ -163,19 +167,25 @@ def test_prepare_resumes_byte_identical_and_refuses_other_arguments(tmp_path, mo
     ref, m_ref = run(tmp_path, convs, out="ref")
     calls, real = [0], D.write_shard
 
-    def dying(*a, **kw):                                 # killed after the token file of the third shard
+    def dying(*a, **kw):      # killed after the token file of the first shard (no manifest.json yet), then of the third
         calls[0] += 1
-        if calls[0] == 6:
+        if calls[0] in (2, 2 + 6):
             raise KeyboardInterrupt
         real(*a, **kw)
     monkeypatch.setattr(prepare_sft, "write_shard", dying)
     with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, convs)
+    for leftover in ("sft_val_000000.bin.mask.tmp", "manifest.json.tmp"):   # what a kill within a write leaves
+        (tmp_path / "out" / leftover).write_bytes(b"partial")
+    assert "manifest.json" not in os.listdir(tmp_path / "out")
+    with pytest.raises(KeyboardInterrupt):    # before: "holds sft_* files but no manifest.json", on every rerun
         run(tmp_path, convs)
     m = json.load(open(tmp_path / "out" / "manifest.json"))
     assert not m["complete"] and len(m["shards"]) == 2
     monkeypatch.setattr(prepare_sft, "write_shard", real)
     out, m = run(tmp_path, convs)
     assert shard_bytes(out) == shard_bytes(ref) and len(shard_bytes(ref)) == 2 * 6
+    assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
     assert (m["shards"], m["counts"], m["splits"]) == (m_ref["shards"], m_ref["counts"], m_ref["splits"])
     with pytest.raises(SystemExit, match=r"error: .*other arguments \(seq_len: 256 before, 128 now\)"):
         run(tmp_path, convs, seq_len=128)
@@ -200,7 +210,7 @@ def test_bad_records_are_malformed_not_tracebacks(tmp_path, capsys):
     for record in ({"messages": 5}, {"messages": "hi"}, {"messages": [5, "x"]}, {"conversations": {"from": "human"}},
                    {"conversations": [{"from": ["human"], "value": "hi"}, {"from": "gpt", "value": "yo"}]},
                    {"conversations": [{"from": "human", "value": ["hi"]}, {"from": "gpt", "value": "yo"}]}):
-        assert prepare_sft.clean(prepare_sft.to_messages(record, "x")) == (None, False), record
+        assert prepare_sft.clean(prepare_sft.to_messages(record)) == (None, False), record
     for i, record in enumerate(({"messages": 5}, {"conversations": [{"from": ["human"], "value": "hi"}]})):
         path = write_jsonl(tmp_path / f"bad{i}.jsonl", [record])
         with pytest.raises(SystemExit, match=r"^error: no usable conversation in the input \(1 records, 1 malformed"):
@@ -208,6 +218,30 @@ def test_bad_records_are_malformed_not_tracebacks(tmp_path, capsys):
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(SystemExit, match=r"^error: no conversations in the input: .*empty\.jsonl$"):  # StopIteration
         prepare_sft.prepare(str(tmp_path / "o"), inputs=[str(tmp_path / "empty.jsonl")], tokenizer="bytes")
+
+
+def test_null_or_missing_fields_are_malformed(tmp_path):
+    """Before: a record of a known schema whose field is null or missing (datasets gives a key absent from a record as
+    null) stopped the preparation part-way ("unknown conversation schema"), and its rerun again. Now it counts as
+    malformed; a file whose first record fits no schema is still refused, before anything is written."""
+    sharegpt = {"id": "a", "conversations": [{"from": "human", "value": "U"}, {"from": "gpt", "value": "A"}]}
+    cases = {"messages": [{"messages": CONV, "id": 1}, {"messages": None, "id": 3}],
+             "sharegpt": [sharegpt, {"id": "x"}],
+             "alpaca": [{"instruction": "Say hi", "input": "", "output": "hi"},
+                        {"instruction": "Say bye", "output": None}, {"output": "no question"}]}
+    for name, recs in cases.items():
+        path = write_jsonl(tmp_path / f"{name}.jsonl", recs + recs[:1])
+        m = prepare_sft.prepare(str(tmp_path / name), inputs=[path], tokenizer="bytes", val_conversations=1,
+                                log=lambda s: None)
+        assert m["complete"] and (m["counts"]["kept"], m["counts"]["malformed"]) == (2, len(recs) - 1), name
+    pq.write_table(pa.Table.from_pylist([sharegpt] * 2), good := str(tmp_path / "good.parquet"))
+    for name, first in (("first", {"id": "x"}), ("other", {"prompt": "a", "completion": "b"})):
+        path = write_jsonl(tmp_path / f"{name}.jsonl", [first, sharegpt])
+        with pytest.raises(SystemExit, match=rf"^error: .*{name}\.jsonl record 0: unknown conversation schema \(keys "
+                                             rf"\[{', '.join(repr(k) for k in sorted(first))}\]\)"):
+            prepare_sft.prepare(str(tmp_path / name), inputs=[good, path], tokenizer="bytes", val_conversations=1,
+                                log=lambda s: None)
+        assert not (tmp_path / name).exists()   # refused before any work, though the first file is a good one
 
 
 @pytest.mark.parametrize("text", ['{"kind": "sft", "shards": [', "[]", '{"kind": "sft", "shards": 5}',
@@ -366,7 +400,7 @@ def test_model_template_mask_is_exact_on_sharegpt(tmp_path, smollm2):
     stored = [(tokens[a:b].tolist(), mask[a:b]) for a, b in zip(starts, starts[1:])]
     expected, hf = [], smollm2.hf
     for r in records:
-        messages = prepare_sft.clean(prepare_sft.to_messages(r, "x"))[0]
+        messages = prepare_sft.clean(prepare_sft.to_messages(r))[0]
         if messages and (turns := [i for i, t in enumerate(messages) if t["role"] == "assistant"]) and \
                 len(CV.template_ids(messages[:turns[0]], smollm2, prompt=True)) <= seq_len:
             expected.append((messages, CV.template_ids(messages, smollm2)))
