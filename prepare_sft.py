@@ -16,6 +16,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import sys
 import time
 from functools import lru_cache
@@ -159,7 +160,8 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
     except OSError as e:
         raise SystemExit(f"error: --out_dir {out_dir}: {one_line(e)}") from None
     manifest_path = os.path.join(out_dir, MANIFEST)
-    ours = lambda: [f for f in os.listdir(out_dir) if f.startswith("sft_")]  # noqa: E731
+    ours = lambda: [f for f in os.listdir(out_dir)  # noqa: E731 (our shard names, nothing else of the folder)
+                    if re.fullmatch(r"sft_(val|train)_\d{6}\.bin(\.mask)?(\.tmp)?", f)]
     if overwrite:
         remove_preparation(out_dir)
     if manifest := load_manifest(out_dir, lambda m: m.get("kind") != "sft" or set(COUNTS) <= set(m["counts"]) and

@@ -242,6 +242,11 @@ def test_null_or_missing_fields_are_malformed(tmp_path):
             prepare_sft.prepare(str(tmp_path / name), inputs=[good, path], tokenizer="bytes", val_conversations=1,
                                 log=lambda s: None)
         assert not (tmp_path / name).exists()   # refused before any work, though the first file is a good one
+    (tmp_path / "mine").mkdir()
+    for f in ("sft_notes.txt", "sft_train_000000.bin.tmp"):     # a user's file, and what a killed run left
+        (tmp_path / "mine" / f).write_text("x")
+    prepare_sft.prepare(str(tmp_path / "mine"), inputs=[good], tokenizer="bytes", val_conversations=1, log=print)
+    assert (tmp_path / "mine" / "sft_notes.txt").exists() and not (tmp_path / "mine" / "sft_train_000000.bin.tmp").exists()
 
 
 @pytest.mark.parametrize("text", ['{"kind": "sft", "shards": [', "[]", '{"kind": "sft", "shards": 5}',
