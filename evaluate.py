@@ -26,7 +26,7 @@ from conversations import PackedStream, is_conversations
 from data import val_windows, write_atomic
 from profiles import (
     _zeta_l, blocks_and_norm, context_windows, plot_profiles, profile_model, profile_target, shards_tokenizer,
-    text_windows)
+    text_documents, text_windows)
 from runs import (
     check_device, check_hf_source, check_writable, checkpoint_path, int_at_least, list_checkpoints, load_hf, load_run,
     max_length_of)
@@ -178,9 +178,13 @@ def check_args(args):
         check_hf_source(args.hf, args.gguf)
     if args.profile and args.hf and not (args.shards or args.text or args.profile_task):
         raise SystemExit("error: --profile of --hf needs --shards, --text or --profile_task")
-    for path in [args.shards, args.data_dir] + (args.text or []):
+    for path in [args.shards, args.data_dir]:
         if path and not os.path.exists(path):
             raise SystemExit(f"error: {path} does not exist")
+    for path in args.text or []:                          # a wrong format or field fails here, at the first document
+        if not os.path.isfile(path):
+            raise SystemExit(f"error: --text {path} is not a file")
+        next(text_documents([path]), None)
     check_writable(args.out, "--out")
     if args.exit_layers and not tasks:
         raise SystemExit("error: --exit_layers reads the tasks out at each layer: give --tasks")

@@ -140,18 +140,32 @@ def profile_model(model, windows, analysis_tokens=None, progress=False):
     return out
 
 
-def text_windows(lm, files, n, seq_len):
-    """The first n (or fewer) windows of seq_len + 1 tokens, seq_len apart as data.val_windows cuts them, of text
-    files (.txt: one document; .jsonl[.gz] / .json: each record's `text`), each document followed by end-of-text."""
+def text_documents(files):
+    """The documents of text files, read by datasets: a .txt file is one document, a .jsonl[.gz] / .json file a
+    document per record (its `text`). A file that cannot be read so is one `error: --text FILE: ...` line."""
     import datasets
-    stream = []
     for path in files:
         kind = "json" if path.endswith((".jsonl", ".jsonl.gz", ".json")) else "text"
-        for row in datasets.load_dataset(kind, data_files=path, split="train", streaming=True,
-                                         **({"sample_by": "document"} if kind == "text" else {})):
-            if len(stream) > n * seq_len:
-                break
-            stream += lm.encode(row["text"]) + ([lm.eot] if lm.eot is not None else [])
+        try:
+            for row in datasets.load_dataset(kind, data_files=path, split="train", streaming=True,
+                                             **({"sample_by": "document"} if kind == "text" else {})):
+                if not isinstance(row.get("text"), str):
+                    raise SystemExit(f"error: --text {path}: a record without a text field (fields: {', '.join(row)})")
+                yield row["text"]
+        except (OSError, ValueError) as e:               # a folder, not UTF-8, not JSON (ValueError of datasets, arrow)
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise SystemExit(f"error: --text {path}: cannot be read as {'UTF-8 text' if kind == 'text' else 'JSON'} "
+                             f"({why})")
+
+
+def text_windows(lm, files, n, seq_len):
+    """The first n (or fewer) windows of seq_len + 1 tokens, seq_len apart as data.val_windows cuts them, of the
+    documents of text files (text_documents), each followed by end-of-text."""
+    stream = []
+    for text in text_documents(files):
+        if len(stream) > n * seq_len:
+            break
+        stream += lm.encode(text) + ([lm.eot] if lm.eot is not None else [])
     n = max(0, min(n, (len(stream) - 1) // seq_len))
     return torch.tensor([stream[i * seq_len:(i + 1) * seq_len + 1] for i in range(n)]).long().view(-1, seq_len + 1)
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from data import write_atomic
-from profiles import plot_profiles, profile_model, profile_target, text_windows
+from profiles import plot_profiles, profile_model, profile_target, text_documents, text_windows
 from runs import check_device, check_hf_source, check_writable, checkpoint_path, int_at_least, load_hf, load_run
 from tasks import HFModelLM, ModelLM
 
@@ -60,9 +60,10 @@ def check(args):
             checkpoint_path(m["path"], m["step"])
         else:                                             # a local folder or GGUF file: no @REVISION
             check_hf_source(m["path"], m["gguf"], m["revision"], local=bool(m["gguf"]))
-    for path in args.text:
+    for path in args.text:                                # a wrong format or field fails here, at the first document
         if not os.path.isfile(path):
-            raise SystemExit(f"error: --text {path} does not exist")
+            raise SystemExit(f"error: --text {path} is not a file")
+        next(text_documents([path]), None)
     check_writable(args.out, "--out")
     check_writable(args.plot, "--plot", folder=True)
     return models

@@ -441,6 +441,9 @@ def test_token_sources(tmp_path):
     stream = TOK.encode("the cat sat on the mat. " * 4) + [TOK.eot_token]
     stream += (TOK.encode("an ant ran in the hat") + [TOK.eot_token]) * 20
     assert windows.tolist() == [stream[i * 16:i * 16 + 17] for i in range(6)]     # as D.val_windows cuts them
+    write_jsonl(tmp_path / "c.jsonl", [{"text": "an ant ran in the hat"}, {"title": "no text"}])
+    with pytest.raises(SystemExit, match=f"^error: --text {tmp_path / 'c.jsonl'}: a record without a text field"):
+        P.text_windows(lm, [str(tmp_path / "c.jsonl")], n=6, seq_len=16)              # found past the first record
     data = TK.TaskData("arc_easy", "x", "test", DOCS["arc_easy"], [TK.build_doc("arc_easy", d) for d in DOCS["arc_easy"]])
     windows, mask = P.context_windows(lm, data, n_tokens=1000, seq_len=64)
     assert mask.sum() == sum(len(TOK.encode(d["context"])) for d in data.built)
@@ -564,6 +567,10 @@ ERRORS = {   # case -> (arguments after the run folder, what the one error line 
     "missing_data": (["--tasks", "race", "--data_dir", "{tmp}/none"], "none"),
     "missing_hf": (["--hf", "{tmp}/no_model"], "no_model"),
     "missing_text": (["--profile", "--text", "{tmp}/none.txt"], "none.txt"),
+    "text_folder": (["--profile", "--text", "{tmp}/a_folder"], "--text {tmp}/a_folder"),
+    "text_without_text_field": (["--profile", "--text", "{tmp}/notext.jsonl"], "--text {tmp}/notext.jsonl: "),
+    "text_not_json": (["--profile", "--text", "{tmp}/a_file.jsonl"], "--text {tmp}/a_file.jsonl: "),
+    "text_not_utf8": (["--profile", "--text", "{tmp}/latin1.txt"], "--text {tmp}/latin1.txt: "),
     "missing_step": (["--step", "7"], "--step"),
     "plot_without_profile": (["--plot", "{tmp}/plots"], "--plot"),
     "unwritable_out": (["--out", "{tmp}/a_file/x.json"], "--out"),         # a_file is a file, not a folder
@@ -580,12 +587,16 @@ ERRORS = {   # case -> (arguments after the run folder, what the one error line 
 def test_cli_errors_before_loading(case, tmp_path, data_dir, no_model_loading):
     """Every user error is one `error:` line naming what is wrong, before any model is loaded."""
     (tmp_path / "a_file").write_text("the cat sat on the mat")
+    (tmp_path / "a_file.jsonl").write_text("the cat sat on the mat")
+    (tmp_path / "notext.jsonl").write_text('{"a": 1}\n')
+    (tmp_path / "latin1.txt").write_bytes("the café".encode("latin-1"))
+    (tmp_path / "a_folder").mkdir()
     args, named = ERRORS[case]
     argv = [save_run(str(tmp_path / "run"), steps=(1,)), "--tasks", "arc_easy", "--data_dir", data_dir]
     with pytest.raises(SystemExit) as e:
         E.main(argv + [a.format(tmp=tmp_path) for a in args])
     msg = str(e.value.code)
-    assert msg.startswith("error: ") and named in msg and "\n" not in msg, msg
+    assert msg.startswith("error: ") and named.format(tmp=tmp_path) in msg and "\n" not in msg, msg
 
 
 @pytest.mark.parametrize("case", ["missing_run", "empty_run"])

@@ -183,6 +183,8 @@ def test_real_loading_failures_are_recorded_in_one_line(folders, tmp_path):
 ERRORS = {   # arguments -> what the one error line names
     "no_models": (["--text", "{text}"], "give models"),
     "missing_text": (["--hf", "org/m", "--text", "{tmp}/none.txt"], "none.txt"),
+    "text_without_text_field": (["--hf", "org/m", "--text", "{tmp}/notext.jsonl"], "--text {tmp}/notext.jsonl: "),
+    "text_not_utf8": (["--hf", "org/m", "--text", "{tmp}/latin1.txt"], "--text {tmp}/latin1.txt: "),
     "missing_folder": (["--hf", "{tmp}/none", "--text", "{text}"], "none"),
     "missing_gguf": (["--hf", "{tmp}/x.gguf", "--text", "{text}"], "x.gguf"),
     "missing_run": (["--runs", "{tmp}", "--text", "{text}"], "no checkpoints"),
@@ -202,8 +204,10 @@ ERRORS = {   # arguments -> what the one error line names
 def test_errors_before_any_model_is_loaded(case, folders, tmp_path, monkeypatch):
     monkeypatch.setattr(survey, "load_hf", lambda *a, **k: pytest.fail("a model was loaded"))
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    (tmp_path / "notext.jsonl").write_text('{"a": 1}\n')
+    (tmp_path / "latin1.txt").write_bytes("the café".encode("latin-1"))
     args, named = ERRORS[case]
     with pytest.raises(SystemExit) as e:
         survey.main([a.format(tmp=tmp_path, text=folders / "text.txt", folders=folders) for a in args])
     msg = str(e.value.code)
-    assert msg.startswith("error: ") and named in msg and "\n" not in msg, msg
+    assert msg.startswith("error: ") and named.format(tmp=tmp_path) in msg and "\n" not in msg, msg
