@@ -171,10 +171,12 @@ def text_windows(lm, files, n, seq_len):
 
 
 def context_windows(lm, task_data, n_tokens, seq_len):
-    """A task's contexts, each one window (its last seq_len + 1 tokens), right-padded: (windows, mask)."""
+    """A task's contexts (a perplexity task's: its documents), each one window (its last seq_len + 1 tokens),
+    right-padded: (windows, mask)."""
     seqs, have = [], 0
     for doc in task_data.built:
-        seqs.append(lm.encode(doc["context"].rstrip())[-(seq_len + 1):])
+        text = doc["continuations"][0] if doc["context"] is None else doc["context"]     # wikitext: the page
+        seqs.append(lm.encode(text.rstrip())[-(seq_len + 1):])
         have += len(seqs[-1]) - 1
         if have >= n_tokens:
             break

@@ -447,6 +447,10 @@ def test_token_sources(tmp_path):
     data = TK.TaskData("arc_easy", "x", "test", DOCS["arc_easy"], [TK.build_doc("arc_easy", d) for d in DOCS["arc_easy"]])
     windows, mask = P.context_windows(lm, data, n_tokens=1000, seq_len=64)
     assert mask.sum() == sum(len(TOK.encode(d["context"])) for d in data.built)
+    wiki = TK.TaskData("wikitext", "x", "test", DOCS["wikitext"], [TK.build_doc("wikitext", d) for d in DOCS["wikitext"]])
+    windows, mask = P.context_windows(lm, wiki, n_tokens=1000, seq_len=64)    # a perplexity task: its documents
+    pages = [TOK.encode(d["continuations"][0].rstrip()) for d in wiki.built]
+    assert [w[m].tolist() for w, m in zip(windows, mask)] == [p[-65:] for p in pages] and len(pages[0]) > 65
 
 
 # ---------------------------------------------------------------------------------------------------------
