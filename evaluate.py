@@ -233,9 +233,10 @@ def evaluate_model(args, name, kind, path, tasks, task_data, report, save, seq_l
         source = {"hf": path, "gguf": args.gguf, "class": type(hf_model).__name__}
     report[name] = entry = {"source": {**source, "max_length": lm.max_length}}
     if args.profile:                                       # checked before any task is scored
+        if not seq_len and lm.max_length < args.seq_len:   # several models: main() chose one T and said it
+            print(f"profile windows: {lm.max_length} tokens, the max_length of {name} (--seq_len {args.seq_len})",
+                  file=sys.stderr)
         seq_len = seq_len or min(args.seq_len, lm.max_length)
-        if seq_len > lm.max_length:
-            raise SystemExit(f"error: --profile: {name} reads at most {lm.max_length} tokens, not {seq_len}")
         shards = None if kind == "run" or args.text or args.profile_task else shards_tokenizer(lm, args.shards)
     if exits := args.exit_layers:                          # checked against the depth as soon as it is known
         n_layer = len(blocks_and_norm(lm.model)[0])

@@ -1037,6 +1037,8 @@ def test_models_of_different_max_seq_len_are_profiled_on_the_same_windows(tmp_pa
     captured = capsys.readouterr()
     assert "profile windows: 32 tokens for every model (--seq_len 64; max_length of base (32))" in captured.err
     assert "| 0.0000 | 32 |" not in captured.out and captured.out.count(" | 32 |\n") == 2
+    E.main([base, "--profile", "--text", str(text), "--seq_len", "64", "--profile_tokens", "64", "--analysis_tokens", "0"])
+    assert "profile windows: 32 tokens, the max_length of base (--seq_len 64)" in capsys.readouterr().err
 
 
 def hf_folder(root, case):
