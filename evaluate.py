@@ -78,14 +78,18 @@ def results_table(models):
 
 
 def early_exit_table(name, entry):
-    """A row per exit layer: acc / acc_norm of each task read out at that layer, and the averages; then chance."""
+    """A row per exit layer: acc / acc_norm of each task read out at that layer (a task without acc, wikitext: its
+    word perplexity), and the averages over the tasks with acc; then chance."""
     tasks, chance = list(entry["results"]), entry["chance"]
     num = lambda v: "–" if v is None else f"{v:.3f}"                                      # noqa: E731
-    lines = [f"**{name}**: early exit, h_l read through the final norm and the LM head (acc / acc_norm)", "",
+    ppl = [t for t, r in entry["results"].items() if "acc" not in r]
+    lines = [f"**{name}**: early exit, h_l read through the final norm and the LM head (acc / acc_norm"
+             + "".join(f"; {t}: word perplexity" for t in ppl) + ")", "",
              "| exit layer | " + " | ".join(tasks) + " | average acc | average acc_norm |",
              "|---" * (len(tasks) + 3) + "|"]
     for row in entry["early_exit"]:
-        cells = [" / ".join(num(r[m]) for m in ("acc", "acc_norm") if m in r) or "–" for r in row["results"].values()]
+        cells = [" / ".join(num(r[m]) for m in ("acc", "acc_norm") if m in r) if "acc" in r else
+                 f"{r['word_perplexity']:.2f}" for r in row["results"].values()]
         lines.append(f"| {row['layer']} | " + " | ".join(cells) + f" | {num(row['average']['acc'])} | "
                      f"{num(row['average']['acc_norm'])} |")
     avg = np.mean(list(chance.values())) if chance else None

@@ -316,6 +316,7 @@ def _curves(ax, profiles, styles, key, first=0, **labels):
     ax.set(**labels)
 
 
+EXIT_LAYER = r"exit layer $\ell$ (0 = embedding)"
 LENS = dict(key="logit_lens_loss", title=r"logit lens: loss of head(norm($h_\ell$))",
             xlabel=r"layer $\ell$ (0 = embedding)", ylabel="cross-entropy")
 
@@ -323,8 +324,9 @@ LENS = dict(key="logit_lens_loss", title=r"logit lens: loss of head(norm($h_\ell
 def plot_profiles(profiles, out_dir, series=None, exits=None):
     """psi_profiles.png (Ψ per layer, raw and normed h_L), layer_analysis.png (logit lens, skipped blocks); given
     series {run: profiles of its checkpoints}, zeta_over_checkpoints.png (ζ_L, ζ_(L−2) against the step); given exits
-    {model: evaluate_tasks output with early_exit}, early_exit.png (average accuracy per exit layer, beside the logit
-    lens loss of the profiled models). One legend per figure, on its right."""
+    {model: evaluate_tasks output with early_exit}, early_exit.png (average accuracy per exit layer over the tasks with
+    acc, a task without (wikitext) by its word perplexity, beside the logit lens loss of the profiled models). One
+    legend per figure, on its right."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -350,24 +352,34 @@ def plot_profiles(profiles, out_dir, series=None, exits=None):
                     marker="s", ls="--", color=c, label=f"{_short(name)} $\\zeta_{{L-2}}$")
         ax.set(xlabel="checkpoint step", ylabel=r"jump rate $\zeta$ (raw $h_L$)",
                title="the final-layer jump over the checkpoints")
-    if exits:                                             # accuracy per exit layer, beside the logit lens loss
-        fig = figures["early_exit.png"] = plt.figure(layout="constrained", figsize=(6 + 5.5 * bool(analysed), 4))
-        axes = np.ravel(fig.subplots(1, 1 + bool(analysed), squeeze=False))
-        for name, e in exits.items():
-            layers, avgs = [r["layer"] for r in e["early_exit"]], [r["average"] for r in e["early_exit"]]
-            axes[0].plot(layers, [a["acc"] for a in avgs], marker="o", ms=3, label=styles[name][0],
-                         color=styles[name][1]["color"])
-            if avgs[0]["acc_norm"] is not None:
-                axes[0].plot(layers, [a["acc_norm"] for a in avgs], ls="--", color=styles[name][1]["color"])
-        axes[0].plot([], [], color="gray", label="acc")
-        axes[0].plot([], [], color="gray", ls="--", label="acc_norm")
-        chance = next(iter(exits.values()))["chance"]
-        axes[0].axhline(np.mean(list(chance.values())), color="gray", ls=":", label="chance (average)")
-        axes[0].set(title=r"early exit: tasks scored on head(norm($h_\ell$))",
-                    xlabel=r"exit layer $\ell$ (0 = embedding)",
-                    ylabel=f"average accuracy ({len(next(iter(exits.values()))['results'])} tasks)")
+    if exits:           # average accuracy per exit layer, a task without acc (wikitext) by its word perplexity
+        results, chance = next(iter(exits.values()))["results"], next(iter(exits.values()))["chance"]
+        n_acc, ppl = sum("acc" in r for r in results.values()), [t for t, r in results.items() if "acc" not in r]
+        n_axes = bool(n_acc) + len(ppl) + bool(analysed)
+        fig = figures["early_exit.png"] = plt.figure(layout="constrained", figsize=(0.5 + 5.5 * n_axes, 4))
+        axes = list(np.ravel(fig.subplots(1, n_axes, squeeze=False)))
+        if n_acc:
+            ax = axes.pop(0)
+            for name, e in exits.items():
+                layers, avgs = [r["layer"] for r in e["early_exit"]], [r["average"] for r in e["early_exit"]]
+                ax.plot(layers, [a["acc"] for a in avgs], marker="o", ms=3, label=styles[name][0],
+                        color=styles[name][1]["color"])
+                if avgs[0]["acc_norm"] is not None:
+                    ax.plot(layers, [a["acc_norm"] for a in avgs], ls="--", color=styles[name][1]["color"])
+            ax.plot([], [], color="gray", label="acc")
+            ax.plot([], [], color="gray", ls="--", label="acc_norm")
+            ax.axhline(np.mean(list(chance.values())), color="gray", ls=":", label="chance (average)")
+            ax.set(title=r"early exit: tasks scored on head(norm($h_\ell$))", xlabel=EXIT_LAYER,
+                   ylabel=f"average accuracy ({n_acc} task{'s' * (n_acc > 1)})")
+        for task in ppl:
+            ax = axes.pop(0)
+            for name, e in exits.items():
+                ax.plot([r["layer"] for r in e["early_exit"]], [r["results"][task]["word_perplexity"]
+                        for r in e["early_exit"]], marker="o", ms=3, label=styles[name][0], **styles[name][1])
+            _y_scale(ax, [r["results"][task]["word_perplexity"] for e in exits.values() for r in e["early_exit"]])
+            ax.set(title=rf"early exit: {task} on head(norm($h_\ell$))", xlabel=EXIT_LAYER, ylabel="word perplexity")
         if analysed:
-            _curves(axes[1], analysed, styles, **LENS)
+            _curves(axes.pop(0), analysed, styles, **LENS)
     for file, fig in figures.items():
         handles = {}
         for ax in fig.axes:

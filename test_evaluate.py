@@ -662,6 +662,31 @@ def test_cli_early_exit_json_table_plot_and_depth_check(tmp_path, data_dir, caps
         E.main([base, "--profile", "--text", str(text), "--exit_layers", "all"])
 
 
+def test_early_exit_of_a_perplexity_task_is_its_perplexity_per_layer(tmp_path, data_dir, capsys, monkeypatch):
+    """WikiText has no acc: its early exit is its word perplexity per layer, in the table and in a panel of its own;
+    the averages, chance and the accuracy panel count the tasks with acc, and nothing is averaged over none."""
+    import warnings
+    run, plots, out = save_run(str(tmp_path / "run"), steps=(1,)), tmp_path / "plots", tmp_path / "ee.json"
+    figs = saved_figures(monkeypatch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        E.main([run, "--tasks", "sciq,wikitext", "--data_dir", data_dir, "--exit_layers", "0,3", "--plot", str(plots),
+                "--out", str(out)])
+        rows = json.loads(out.read_text())["early_exit"]
+        printed = capsys.readouterr().out
+        assert all(f"| {r['results']['wikitext']['word_perplexity']:.2f} |" in printed for r in rows)
+        assert "| chance | 0.250 | – | 0.250 | |" in printed and "wikitext: word perplexity" in printed
+        ax_acc, ax_ppl = figs["early_exit.png"].axes
+        assert ax_acc.get_ylabel() == "average accuracy (1 task)" and ax_ppl.get_ylabel() == "word perplexity"
+        assert list(ax_ppl.get_lines()[0].get_ydata()) == [r["results"]["wikitext"]["word_perplexity"] for r in rows]
+        assert plot_problems(figs["early_exit.png"]) == []
+        E.main([run, "--tasks", "wikitext", "--data_dir", data_dir, "--exit_layers", "all", "--plot", str(plots)])
+        titles = [ax.get_title() for ax in figs["early_exit.png"].axes]
+        assert titles == ["early exit: wikitext on head(norm($h_\\ell$))"]
+        assert plot_problems(figs["early_exit.png"]) == []
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
 def test_cli_single_model_schema(tmp_path, data_dir):
     run = save_run(str(tmp_path / "run"), steps=(3,))
     out = tmp_path / "one.json"
@@ -883,8 +908,8 @@ def test_plots_read_cleanly(tmp_path, monkeypatch):
     del profiles["base (assistant)"]["logit_lens_loss"], profiles["base (assistant)"]["skip_block_loss_increase"]
     series = {"sft": [{**fake_profile(8, s), "step": s} for s in (1, 2, 3)]}
     rows = [{"layer": l, "average": {"acc": 0.25 + 0.01 * l, "acc_norm": 0.3}} for l in range(9)]
-    exits = {name: {"early_exit": rows, "chance": {"piqa": 0.5, "arc_easy": 0.25}, "results": {"piqa": {}, "sciq": {}}}
-             for name in ("base", "sft")}
+    exits = {name: {"early_exit": rows, "chance": {"piqa": 0.5, "arc_easy": 0.25},
+                    "results": {"piqa": {"acc": 0.5}, "sciq": {"acc": 0.3}}} for name in ("base", "sft")}
     figs = drawn_figures(monkeypatch, profiles, str(tmp_path), series, exits)
     assert set(figs) == {"psi_profiles.png", "layer_analysis.png", "zeta_over_checkpoints.png", "early_exit.png"}
     assert {name: plot_problems(fig) for name, fig in figs.items()} == {name: [] for name in figs}
