@@ -173,6 +173,12 @@ def check_args(args):
         raise SystemExit("error: --gguf needs --hf DIR")
     if args.step is not None and not args.runs:
         raise SystemExit("error: --step selects a checkpoint of a run folder; no run folder given")
+    default = vars(parse_args([]))                        # options that only the layer profile reads
+    profile_only = [f"--{k}" for k in ("shards", "text", "profile_task", "profile_tokens", "analysis_tokens", "seq_len",
+                                       "all_ckpts") if getattr(args, k) != default[k]]
+    if profile_only and not args.profile:
+        raise SystemExit(f"error: {', '.join(profile_only)} {'is' if len(profile_only) == 1 else 'are'} for the layer "
+                         f"profile: add --profile")
     tasks = parse_tasks(args.tasks) if args.tasks else ([] if args.profile else PAPER_TASKS)
     if args.profile_task:
         parse_tasks([args.profile_task])

@@ -577,6 +577,10 @@ ERRORS = {   # case -> (arguments after the run folder, what the one error line 
     "text_not_utf8": (["--profile", "--text", "{tmp}/latin1.txt"], "--text {tmp}/latin1.txt: "),
     "missing_step": (["--step", "7"], "--step"),
     "plot_without_profile": (["--plot", "{tmp}/plots"], "--plot"),
+    **{f"{option}_without_profile": (args, f"{option} is for the layer profile: add --profile") for option, args in [
+        ("--all_ckpts", ["--all_ckpts"]), ("--text", ["--text", "{tmp}/a_file"]), ("--shards", ["--shards", "{tmp}"]),
+        ("--profile_task", ["--profile_task", "sciq"]), ("--seq_len", ["--seq_len", "64"]),
+        ("--profile_tokens", ["--profile_tokens", "64"]), ("--analysis_tokens", ["--analysis_tokens", "0"])]},
     "unwritable_out": (["--out", "{tmp}/a_file/x.json"], "--out"),         # a_file is a file, not a folder
     "unwritable_plot": (["--profile", "--text", "{tmp}/a_file", "--plot", "{tmp}/a_file"], "--plot"),
     **{f"{option}={value}": ([option, value, "--profile", "--text", "{tmp}/a_file"], option)
