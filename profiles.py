@@ -384,6 +384,7 @@ def plot_profiles(profiles, out_dir, series=None, exits=None):
         handles = {}
         for ax in fig.axes:
             ax.grid(alpha=0.3)
+            ax.ticklabel_format(axis="both" if ax.get_yscale() == "linear" else "x", useOffset=False)  # no "+1e1"
             ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
             handles.update({label: h for h, label in zip(*ax.get_legend_handles_labels()) if label not in handles})
         fig.legend(handles.values(), handles.keys(), loc="outside right upper", fontsize=7,

@@ -852,13 +852,15 @@ def drawn_figures(monkeypatch, *args):
 
 
 def plot_problems(fig):
-    """What reads wrong: TeX braces or subscripts outside $...$, absolute paths, two labelled lines of one axes or
-    two entries of a legend drawn alike, a legend over another axes, a title or a label or off the figure, under 3
-    numeric y ticks or a non-integer x tick in view."""
+    """What reads wrong: TeX braces or subscripts outside $...$, absolute paths, an offset added to the tick labels
+    (drawn by the title), two labelled lines of one axes or two entries of a legend drawn alike, a legend over another
+    axes, a title or a label or off the figure, under 3 numeric y ticks or a non-integer x tick in view."""
     import re
     from matplotlib.colors import to_hex
     from matplotlib.text import Text
     out, box = [], fig.bbox
+    out += [f"{ax.get_title()!r}: an offset {axis.get_offset_text().get_text()!r} by the title" for ax in fig.axes
+            for axis in (ax.xaxis, ax.yaxis) if getattr(axis.get_major_formatter(), "offset", 0)]   # "+1.081e1"
     for t in fig.findobj(Text):
         plain = re.sub(r"\$[^$]*\$", "", t.get_text()) if t.get_visible() else ""
         if re.search(r"[{}]|[ΨζhΔ]_", plain) or re.search(r"(^|[\s(])/\w", plain):
@@ -918,6 +920,16 @@ def test_plots_read_cleanly(tmp_path, monkeypatch):
     assert set(figs) == {"psi_profiles.png", "layer_analysis.png", "zeta_over_checkpoints.png", "early_exit.png"}
     assert {name: plot_problems(fig) for name, fig in figs.items()} == {name: [] for name in figs}
     assert "pre-training" not in " ".join(ax.get_title() for ax in figs["zeta_over_checkpoints.png"].axes)
+
+
+def test_plot_of_a_near_random_model_has_no_offset_over_its_titles(tmp_path, monkeypatch):
+    """Curves spanning a narrow range (a near-random model) keep plain tick labels, no "+1.081e1" over the title."""
+    flat = fake_profile(8, lens=(10.81, 10.8101), skip=(1e-3, 1.0001e-3))
+    flat["psi"] = flat["psi_normed"] = [0.5 + 1e-6 * l for l in range(8)]
+    wiki = [{"layer": l, "results": {"wikitext": {"word_perplexity": 5e4 + l}}} for l in range(9)]
+    figs = drawn_figures(monkeypatch, {"flat": flat}, str(tmp_path), None,
+                         {"flat": {"early_exit": wiki, "chance": {}, "results": {"wikitext": {}}}})
+    assert {name: plot_problems(fig) for name, fig in figs.items()} == {name: [] for name in figs}
 
 
 def test_plot_of_a_survey_small_multiples(tmp_path, monkeypatch):
