@@ -71,9 +71,11 @@ def results_table(models):
             vals = [r.get(m) for r in res]
             delta = f"{vals[1] - vals[0]:+.4f}" if None not in vals[:2] else "–"
             lines.append(f"| {t} | {m} | " + " | ".join(_fmt(r, m) for r in res) + f" | {delta} |")
-    avgs = [models[n]["average"]["acc"] for n in names]
-    if None not in avgs:
-        lines.append("| **average** | acc | " + " | ".join(f"{a:.4f}" for a in avgs) + f" | {avgs[1] - avgs[0]:+.4f} |")
+    for m, count in (("acc", "n_tasks"), ("acc_norm", "n_tasks_acc_norm")):     # the paper's average, and acc_norm's
+        avgs, n = [models[name]["average"][m] for name in names], models[names[0]]["average"][count]
+        if None not in avgs:
+            lines.append(f"| **average** ({n} task{'s' * (n > 1)}) | {m} | " + " | ".join(f"{a:.4f}" for a in avgs)
+                         + f" | {avgs[1] - avgs[0]:+.4f} |")
     return "\n".join(lines)
 
 

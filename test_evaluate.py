@@ -644,6 +644,9 @@ def test_cli_two_runs_tasks_profiles_plots(tmp_path, data_dir, capsys):
         assert (tmp_path / "plots" / png).stat().st_size > 1000
     table = capsys.readouterr().out
     assert "| arc_easy | acc |" in table and "Δ (jreg − base)" in table and "| base | 3 | 128 |" in table
+    avgs = [res["models"][n]["average"]["acc_norm"] for n in ("base", "jreg")]
+    assert f"| **average** (1 task) | acc_norm | {avgs[0]:.4f} | {avgs[1]:.4f} | {avgs[1] - avgs[0]:+.4f} |" in table
+    assert "| **average** (3 tasks) | acc |" in table
 
 
 def test_cli_early_exit_json_table_plot_and_depth_check(tmp_path, data_dir, capsys):
