@@ -20,6 +20,7 @@ It times, interleaving the contenders so that machine noise hits all of them ali
 """
 import argparse
 import dataclasses
+import glob
 import itertools
 import os
 import statistics
@@ -35,8 +36,8 @@ from config import Config, load_config, model_config
 from data import one_line
 from generation import generate, generate_uncached
 from jreg import JregObjective, jreg_penalty
-from model import Llama, PRESETS, chunked_cross_entropy
-from runs import PEAK_FLOPS, check_device, int_at_least, peak_flops
+from model import Llama, LlamaConfig, PRESETS, chunked_cross_entropy
+from runs import PEAK_FLOPS, check_device, int_at_least, list_checkpoints, load_checkpoint, peak_flops
 
 
 CLOCK = time.perf_counter      # --cpu_time: time.process_time, this process's CPU seconds (a machine shared)
@@ -231,6 +232,19 @@ def bench_against(mcfg, device, args, autocast, x, y):
           f"speed now / {args.against} = {t['then'] / t['now']:.3f}x; same loss: {same}")
 
 
+def start_shape(cfg, path):
+    """The model an init_from config (which sets no shape) starts from: the run folder's, when it is here, else that of
+    the config beside it that trains init_from (configs/3.4b.py for out/3.4b)."""
+    run = cfg.init_from.rpartition("@")[0] if "@" in cfg.init_from else cfg.init_from
+    if ckpts := list_checkpoints(run):
+        return LlamaConfig(**load_checkpoint(ckpts[-1][1])["model_config"])
+    for other in sorted(glob.glob(os.path.join(os.path.dirname(path), "*.py"))):
+        if (source := load_config([other])).out_dir == run and not source.init_from:
+            return model_config(source)
+    raise SystemExit(f"error: {path}: init_from {cfg.init_from!r} is not here, and no config beside {path} trains it: "
+                     "set its shape (model, n_layer, ...) in the config to estimate it")
+
+
 def memory_table(args):
     """--memory CONFIG.py ...: the predicted peak per GPU of each config's training step, by part, in the mode it runs
     (its fsdp, compile, activation_checkpointing, micro_batch) unless --fsdp/--compile/--checkpointing say otherwise."""
@@ -242,7 +256,7 @@ def memory_table(args):
           + f" {'total':>7s} {'margin':>7s}")
     for path in args.memory:
         cfg = load_config([path])
-        mcfg = model_config(cfg)
+        mcfg = start_shape(cfg, path) if cfg.init_from and cfg.n_layer is None else model_config(cfg)
         fsdp, compiled, ckpt = (getattr(cfg, a) if getattr(args, k) is None else getattr(args, k) for k, a in
                                 (("fsdp", "fsdp"), ("compile", "compile"), ("checkpointing", "activation_checkpointing")))
         mode = "fp32" if cfg.dtype == "float32" else "autocast"

@@ -1,79 +1,106 @@
 #!/usr/bin/env bash
-# The GPU check, by hand on a CUDA machine (nothing in CI needs one); it ends with one table. On one H200 it is
-# planned to take about 10 minutes (not yet measured):
+# The GPU check, by hand on a CUDA machine (nothing in CI needs one). Five steps, the most telling first:
 #   1. 170M, compile + bf16, one GPU: our step vs transformers', tok/s and MFU, λ = 0 vs λ = 1 (bench.py);
-#   2. 170M, compile + bf16: the loss with full fp32 logits vs chunked, speed and peak memory beside the estimate;
-#   3. train.py end to end on every GPU (DDP, compile, bf16, eval, checkpoint) for 170M, λ = 0 and λ = 1;
-#   4. 1B under FSDP2 (compile, bf16, gradient accumulation, sharded checkpoints): 10 steps, a resume to 20,
+#   2. train.py end to end on every GPU (DDP, compile, bf16, eval, checkpoint) for 170M, λ = 0 and λ = 1;
+#   3. 1B under FSDP2 (compile, bf16, gradient accumulation, sharded checkpoints): 10 steps, a resume to 20,
 #      its peak memory beside bench.py --memory's estimate;
+#   4. 170M, compile + bf16: the loss with full fp32 logits vs chunked, speed and peak memory beside the estimate;
 #   5. 3.4B: one micro-batch forward + backward (eager, bf16), its peak beside the estimate.
-#   bash gpu_check.sh            (OUT=DIR for another folder than /tmp/jreg_gpu_check; every log stays there)
-set -euo pipefail
+# Each step runs under a time limit (STEP_S seconds, default 240); a step that fails or runs out is said, with the
+# end of its log, and the next one runs. After every step $OUT/summary.md holds the table of what has finished, and
+# $OUT/gpu_check.log every step's output; the random data and the run folders (tens of GB) go to $WORK.
+#   bash gpu_check.sh                    OUT=DIR (default /tmp/jreg_gpu_check)  WORK=DIR (default /tmp/jreg_gpu_work)
+#   STEPS="1 2" bash gpu_check.sh        some of the steps (default: all, in the order above)
+set -uo pipefail
 cd "$(dirname "$0")"
+OUT=${OUT:-/tmp/jreg_gpu_check}; WORK=${WORK:-/tmp/jreg_gpu_work}; STEP_S=${STEP_S:-240}; STEPS=${STEPS:-1 2 3 4 5}
+mkdir -p "$OUT" "$WORK"
+LOG="$OUT/gpu_check.log"
+python -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), 'x', \
+torch.cuda.device_count())" > "$WORK/device.txt" || { echo "error: no CUDA GPU visible" >&2; exit 1; }
+cat "$WORK/device.txt" | tee "$LOG"
 NGPU=$(python -c "import torch; print(torch.cuda.device_count())")
-[ "$NGPU" -ge 1 ] || { echo "error: no CUDA GPU visible" >&2; exit 1; }
-OUT=${OUT:-/tmp/jreg_gpu_check}
-mkdir -p "$OUT"
-python -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), 'x', torch.cuda.device_count())" \
-    | tee "$OUT/device.txt"
 GPU_GIB=$(python -c "import torch; print(round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1))")
 
-python bench.py --preset 170m --device cuda --compile --dtype bfloat16 --micro_batch 16 --seq_len 2048 \
-    --warmup 5 --repeats 10 | tee "$OUT/bench_170m.txt"                                               # 1
-python bench.py --memory_probe --preset 170m --device cuda --compile --dtype bfloat16 --micro_batch 16 \
-    --seq_len 2048 --warmup 3 --repeats 10 | tee "$OUT/probe_170m.txt"                                # 2
+run() {  # run NAME COMMAND...: under the time limit, its output in $WORK/NAME.txt and the log; a failure is said
+  local name=$1 t0=$SECONDS; shift
+  timeout "$STEP_S" "$@" > "$WORK/$name.txt" 2>&1
+  local rc=$?
+  { echo "== $name ($((SECONDS - t0)) s, exit $rc): $*"; cat "$WORK/$name.txt"; } >> "$LOG"
+  echo "$name: $((SECONDS - t0)) s, exit $rc$([ $rc = 124 ] && echo ' (out of time)')"
+  [ $rc = 0 ] || tail -n 20 "$WORK/$name.txt"
+}
 
-python - "$OUT/data" <<'PY'
+summary() {  # the table of what has finished, in $OUT/summary.md
+  python - "$WORK" "$OUT/summary.md" <<'PY'
+import json, os, re, statistics, sys
+work, summary = sys.argv[1:]
+text = lambda name: open(f"{work}/{name}.txt").read() if os.path.exists(f"{work}/{name}.txt") else ""
+def log(run):
+    return [json.loads(l) for l in open(f"{work}/{run}/log.jsonl") if '"loss"' in l]
+def est(config):                                     # bench.py --memory: the total column, GiB
+    line = next(l for l in text("estimate").splitlines() if l.startswith(config + " "))
+    return float(line.split()[-2])
+def train_row(run, what, first):
+    recs = [r for r in log(run) if r["step"] > first]
+    return (f"steps {recs[0]['step']}-{recs[-1]['step']}, {statistics.median(r['tok_per_s'] for r in recs):,.0f} "
+            f"tok/s, MFU {statistics.median(r['mfu'] or 0 for r in recs):.3f}, peak "
+            f"{max(r['mem_gb'] for r in recs) / 1.0737:.1f} GiB (estimate {est(what):.1f})")
+rows = [("device", text("device").strip())]
+runs = [("170m", "DDP x GPUs, compile, bf16", 5), ("170m_jreg", "DDP x GPUs, compile, bf16", 5),
+        ("1b", "FSDP2, compile, bf16, accumulation 4, resumed at 10", 12)]
+for run, how, first in runs:
+    if os.path.exists(f"{work}/{run}/log.jsonl"):    # the step has run (a failure: its log says why)
+        try:
+            rows.append((f"train.py {run} ({how})", train_row(run, f"configs/{run}.py", first)))
+        except Exception as e:
+            rows.append((f"train.py {run} ({how})", f"no result ({type(e).__name__}: {e}); see gpu_check.log"))
+for name in ("bench_170m", "probe_170m", "probe_3.4b"):
+    rows += [(name, line.strip()) for line in text(name).splitlines()
+             if re.search(r"ratio|ours/HF|overhead|step time|est/meas|full logits|chunked|bytes per logit|tok/s", line)]
+table = "| check | result |\n|---|---|\n" + "".join(f"| {k} | {v.replace('|', '/')} |\n" for k, v in rows)
+open(summary, "w").write(table)
+PY
+}
+
+data() {  # random GPT-2 token shards for train.py, and bench.py --memory's estimates of the configs it trains
+  [ -f "$WORK/data/manifest.json" ] || python - "$WORK/data" <<'PY'
 import os, sys, numpy as np
 from data import write_manifest, write_shard
 d = sys.argv[1]; os.makedirs(d, exist_ok=True)
 rng = np.random.default_rng(0)
-write_shard(f"{d}/rand_val_000000.bin", rng.integers(0, 50257, 2_000_000), tokenizer="gpt2", vocab_size=50257, eot_token=50256)
-write_shard(f"{d}/rand_train_000001.bin", rng.integers(0, 50257, 50_000_000), tokenizer="gpt2", vocab_size=50257, eot_token=50256)
+for name, n in (("rand_val_000000.bin", 2_000_000), ("rand_train_000001.bin", 50_000_000)):
+    write_shard(f"{d}/{name}", rng.integers(0, 50257, n), tokenizer="gpt2", vocab_size=50257, eot_token=50256)
 write_manifest(d, {"rand_val_000000.bin": "val", "rand_train_000001.bin": "train"})
 PY
-COMMON=(--data_dir="$OUT/data" --warmup_steps=5 --eval_batches=2)
-for cfg in 170m 170m_jreg; do                                                                         # 3
-  rm -rf "$OUT/$cfg"
-  torchrun --standalone --nproc_per_node="$NGPU" train.py "configs/$cfg.py" "${COMMON[@]}" --out_dir="$OUT/$cfg" \
-      --max_steps=20 --eval_interval=10 --ckpt_interval=20 > "$OUT/$cfg.txt" 2>&1
-done
-rm -rf "$OUT/1b"                                                                                      # 4
-B1=(configs/1b.py "${COMMON[@]}" --out_dir="$OUT/1b" --batch_tokens=$((8 * 2048 * 4 * NGPU)) --eval_interval=0 --ckpt_interval=10)
-torchrun --standalone --nproc_per_node="$NGPU" train.py "${B1[@]}" --max_steps=10 > "$OUT/1b.txt" 2>&1
-torchrun --standalone --nproc_per_node="$NGPU" train.py "${B1[@]}" --max_steps=20 > "$OUT/1b_resume.txt" 2>&1
-python bench.py --memory configs/1b.py configs/170m.py configs/170m_jreg.py --world "$NGPU" --gpu_gib "$GPU_GIB" \
-    > "$OUT/estimate.txt"
-python bench.py --memory_probe --preset 3.4b --device cuda --dtype bfloat16 --micro_batch 4 --seq_len 2048 \
-    --warmup 1 --repeats 2 > "$OUT/probe_3.4b.txt" 2>&1 || echo "3.4B probe failed: $OUT/probe_3.4b.txt"  # 5
+  python bench.py --memory configs/1b.py configs/170m.py configs/170m_jreg.py --world "$NGPU" --gpu_gib "$GPU_GIB" \
+      > "$WORK/estimate.txt"
+}
 
-python - "$OUT" <<'PY'
-import json, re, statistics, sys
-out = sys.argv[1]
-text = lambda name: open(f"{out}/{name}").read()
-def log(run):
-    return [json.loads(l) for l in open(f"{out}/{run}/log.jsonl") if '"loss"' in l]
-def est(config):                                     # bench.py --memory: the total column, GiB
-    line = next(l for l in text("estimate.txt").splitlines() if l.startswith(config + " "))
-    return float(line.split()[-2])
-rows = [("device", text("device.txt").strip())]
-for run in ("170m", "170m_jreg"):
-    recs = [r for r in log(run) if r["step"] > 5]
-    rows.append((f"train.py {run} (DDP x GPUs, compile, bf16)",
-                 f"{statistics.median(r['tok_per_s'] for r in recs):,.0f} tok/s, MFU "
-                 f"{statistics.median(r['mfu'] or 0 for r in recs):.3f}, peak {max(r['mem_gb'] for r in recs) / 1.0737:.1f}"
-                 f" GiB (estimate {est('configs/' + run + '.py'):.1f})"))
-b1 = log("1b")
-rows.append(("train.py 1b (FSDP2, compile, bf16, accumulation 4)",
-             f"steps {[r['step'] for r in b1][0]}-{b1[-1]['step']} after a resume at 10, "
-             f"{statistics.median(r['tok_per_s'] for r in b1 if r['step'] > 12):,.0f} tok/s, MFU "
-             f"{statistics.median(r['mfu'] or 0 for r in b1 if r['step'] > 12):.3f}, peak "
-             f"{max(r['mem_gb'] for r in b1) / 1.0737:.1f} GiB (estimate {est('configs/1b.py'):.1f})"))
-for name in ("bench_170m.txt", "probe_170m.txt", "probe_3.4b.txt"):
-    for line in text(name).splitlines():
-        if re.search(r"ratio|λ = 1|step time|est/meas|full logits|chunked|bytes per logit|tok/s", line):
-            rows.append((name[:-4], line.strip()))
-print("\n| check | result |\n|---|---|")
-for k, v in rows:
-    print(f"| {k} | {v.replace('|', '/')} |")
-PY
+COMMON=(--data_dir="$WORK/data" --warmup_steps=5 --eval_batches=2)
+for step in $STEPS; do
+  case $step in
+    1) run bench_170m python bench.py --preset 170m --device cuda --compile --dtype bfloat16 --micro_batch 16 \
+           --seq_len 2048 --warmup 5 --repeats 10 ;;
+    2) data
+       for cfg in 170m 170m_jreg; do                  # 2 micro-batches of 16 x 2048 per GPU a step
+         rm -rf "${WORK:?}/$cfg"
+         run "$cfg" torchrun --standalone --nproc_per_node="$NGPU" train.py "configs/$cfg.py" "${COMMON[@]}" \
+             --out_dir="$WORK/$cfg" --batch_tokens=$((2 * 16 * 2048 * NGPU)) --max_steps=20 --eval_interval=10 \
+             --ckpt_interval=20
+       done ;;
+    3) data
+       rm -rf "${WORK:?}/1b"
+       B1=(configs/1b.py "${COMMON[@]}" --out_dir="$WORK/1b" --batch_tokens=$((8 * 2048 * 4 * NGPU)) --eval_interval=0
+           --ckpt_interval=10)
+       run 1b torchrun --standalone --nproc_per_node="$NGPU" train.py "${B1[@]}" --max_steps=10
+       run 1b_resume torchrun --standalone --nproc_per_node="$NGPU" train.py "${B1[@]}" --max_steps=20 ;;
+    4) run probe_170m python bench.py --memory_probe --preset 170m --device cuda --compile --dtype bfloat16 \
+           --micro_batch 16 --seq_len 2048 --warmup 3 --repeats 10 ;;
+    5) run probe_3.4b python bench.py --memory_probe --preset 3.4b --device cuda --dtype bfloat16 --micro_batch 4 \
+           --seq_len 2048 --warmup 1 --repeats 2 ;;
+    *) echo "error: STEPS: no step $step (1-5)" >&2; exit 1 ;;
+  esac
+  summary
+done
+cat "$OUT/summary.md"

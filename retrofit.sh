@@ -18,35 +18,38 @@ TASKS=lambada_openai,boolq,arc_easy,arc_challenge,hellaswag,piqa,social_iqa,sciq
 SOURCE=(--hf "$(dirname "$GGUF")" --gguf "$(basename "$GGUF")")
 PROFILE=(--profile --shards data/kjv_smollm2 --seq_len 256)
 mkdir -p "$RESULTS" out/retrofit
+JOBS=()
+finish() { for pid in "${JOBS[@]}"; do wait "$pid"; done; JOBS=(); }   # a job that failed stops the script here
 
 python prepare_fineweb.py --input "$KJV" --out_dir data/kjv_smollm2 --prefix kjv --tokenizer "hf:$GGUF" \
     --val_tokens 100000 --shard_tokens 2000000 --quiet
 [ -d data/tasks ] || python offline_tasks.py data/tasks
-OMP_NUM_THREADS=1 python train.py configs/retrofit_smollm2.py > out/retrofit/base.log 2>&1 &
-OMP_NUM_THREADS=1 python train.py configs/retrofit_smollm2_jreg.py > out/retrofit/jreg.log 2>&1 &
+OMP_NUM_THREADS=1 python train.py configs/retrofit_smollm2.py > out/retrofit/base.log 2>&1 & JOBS+=($!)
+OMP_NUM_THREADS=1 python train.py configs/retrofit_smollm2_jreg.py > out/retrofit/jreg.log 2>&1 & JOBS+=($!)
 OMP_NUM_THREADS=1 python evaluate.py "${SOURCE[@]}" "${PROFILE[@]}" --profile_tokens 16384 --data_dir data/tasks \
     --tasks "$TASKS" --limit 50 --exit_layers all --out "$RESULTS/before.json" > out/retrofit/before_eval.log 2>&1
 OMP_NUM_THREADS=1 python chat_eval.py "${SOURCE[@]}" --benchmarks mt_bench --limit 3 --max_new_tokens 200 \
     --out "$RESULTS/chat_before.json" > out/retrofit/chat_before.log 2>&1
-wait
+finish
 for run in base jreg; do
   OMP_NUM_THREADS=1 python evaluate.py out/retrofit/$run "${PROFILE[@]}" --profile_tokens 16384 --data_dir data/tasks \
       --tasks "$TASKS" --limit 50 --exit_layers all --out "$RESULTS/after_$run.json" > out/retrofit/after_$run.log 2>&1 &
+  JOBS+=($!)
 done
 OMP_NUM_THREADS=1 python evaluate.py out/retrofit/base out/retrofit/jreg "${SOURCE[@]}" "${PROFILE[@]}" --all_ckpts \
     --profile_tokens 8192 --analysis_tokens 0 --plot "$RESULTS" --out "$RESULTS/profiles.json" > out/retrofit/series.log 2>&1
 OMP_NUM_THREADS=1 python chat_eval.py out/retrofit/base out/retrofit/jreg --benchmarks mt_bench --limit 3 \
     --max_new_tokens 200 --out "$RESULTS/chat_after.json" > out/retrofit/chat_after.log 2>&1
-wait
+finish
 # The third run: the penalty on the normed h_L (jreg_final_norm = True), alone on both cores (about 1 h), then its
 # evaluations (about 25 min) and the figures of all four models.
 OMP_NUM_THREADS=2 python train.py configs/retrofit_smollm2_jreg_normed.py > out/retrofit/jreg_normed.log 2>&1
 OMP_NUM_THREADS=1 python evaluate.py out/retrofit/jreg_normed "${PROFILE[@]}" --profile_tokens 16384 \
     --data_dir data/tasks --tasks "$TASKS" --limit 50 --exit_layers all --out "$RESULTS/after_jreg_normed.json" \
-    > out/retrofit/after_jreg_normed.log 2>&1 &
+    > out/retrofit/after_jreg_normed.log 2>&1 & JOBS+=($!)
 OMP_NUM_THREADS=1 python evaluate.py out/retrofit/jreg_normed "${PROFILE[@]}" --all_ckpts --profile_tokens 8192 \
     --analysis_tokens 0 --out "$RESULTS/profiles_jreg_normed.json" > out/retrofit/series_normed.log 2>&1
-wait
+finish
 python - "$RESULTS" <<'PY'
 import json, sys
 from profiles import plot_profiles           # the four models in one figure each: Ψ, logit lens, early exit; ζ over training

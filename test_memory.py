@@ -185,3 +185,14 @@ def test_memory_table_of_configs_and_what_does_not_fit(capsys):
     assert "under 10% margin; needs activation_checkpointing=True" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="error: configs/170m.py: batch_tokens"):
         bench.main(["--memory", "configs/170m.py", "--world", "3"])
+
+
+def test_memory_table_of_a_fine_tuning_config_uses_the_shape_it_starts_from(capsys, tmp_path):
+    """An init_from config sets no shape: bench.py --memory takes it from the run folder when it is there, else from
+    the config beside it that trains init_from (configs/3.4b_jreg.py for out/3.4b_jreg), never the default 170m."""
+    bench.main(["--memory", "configs/sft_3.4b_jreg.py", "configs/3.4b_jreg.py", "--world", "8"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("configs/")]
+    assert rows[0][:2] == ["configs/sft_3.4b_jreg.py", "FSDP"] and float(rows[0][-2]) > 20   # 3.4B weights, not 170M
+    (tmp_path / "sft.py").write_text("init_from = 'out/nowhere'\n")
+    with pytest.raises(SystemExit, match="error: .*sft.py: init_from 'out/nowhere' is not here, and no config beside"):
+        bench.main(["--memory", str(tmp_path / "sft.py"), "--world", "8"])
