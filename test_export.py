@@ -80,7 +80,7 @@ def sharegpt(n):
         while text[i] in " \t\r\n,":
             i += 1
         record, i = dec.raw_decode(text, i)
-        messages, _ = clean(to_messages(record, path))
+        messages, _ = clean(to_messages(record))
         if messages:
             out.append(messages)
     return out
