@@ -235,7 +235,7 @@ def bench_against(mcfg, device, args, autocast, x, y):
 def start_shape(cfg, path):
     """The model an init_from config (which sets no shape) starts from: the run folder's, when it is here, else that of
     the config beside it that trains init_from (configs/3.4b.py for out/3.4b)."""
-    run = cfg.init_from.rpartition("@")[0] if "@" in cfg.init_from else cfg.init_from
+    run = cfg.init_from.rpartition("@")[0] or cfg.init_from                      # RUN_DIR[@STEP]
     if ckpts := list_checkpoints(run):
         return LlamaConfig(**load_checkpoint(ckpts[-1][1])["model_config"])
     for other in sorted(glob.glob(os.path.join(os.path.dirname(path), "*.py"))):

@@ -50,8 +50,8 @@ class Interrupted(SystemExit):
 
 def _read_rows(source):
     """Rows of a local .json/.jsonl/.parquet file, or of a hub dataset NAME[:SPLIT] (split default: train)."""
-    import datasets
     if os.path.isfile(source) and source.endswith(".parquet"):
+        import datasets
         return list(datasets.load_dataset("parquet", data_files=source, split="train"))
     if os.path.isfile(source):
         with open(source, encoding="utf-8", errors="replace") as f:
@@ -62,6 +62,7 @@ def _read_rows(source):
             raise SystemExit(f"error: {source}: not a JSON list of questions ({e})") from None
     if source.endswith((".json", ".jsonl", ".parquet")):
         raise SystemExit(f"error: question file {source} does not exist")
+    import datasets
     name, _, split = source.partition(":")
     try:
         return list(datasets.load_dataset(name, split=split or "train"))

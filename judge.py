@@ -59,9 +59,9 @@ def load_judge_prompts(path=None):
 def jsonl_records(path, what, fields=()):
     """The records (JSON objects with `fields`) of a JSON-lines file; a line that is not one is an error naming it."""
     with open(path, encoding="utf-8", errors="replace") as f:
-        lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
+        lines = list(f)
     records = []
-    for i, line in lines:
+    for i, line in ((i, line) for i, line in enumerate(lines, 1) if line.strip()):
         try:
             rec = json.loads(line)
             assert isinstance(rec, dict) and all(k in rec for k in fields)
