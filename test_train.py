@@ -624,7 +624,9 @@ def test_sft_loss_is_normalised_over_the_global_batch(data_dir, sft_dir, tmp_pat
     np.testing.assert_allclose([r["loss"] for r in part], [r["loss"] for r in full], rtol=1e-5)
     a = torch.load(tmp_path / "full" / "ckpt_0000003.pt", weights_only=False)["model"]
     b = torch.load(tmp_path / "part" / "ckpt_0000003.pt", weights_only=False)["model"]
-    assert all(torch.allclose(a[k], b[k], atol=2e-6) for k in a)
+    # 1e-5: three AdamW steps turn another summation order's last bits into up to 3.6e-6 on some CPUs (an Intel Xeon);
+    # a per-micro-batch mean moves the weights by 4e-3
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
 
 
 def test_sft_starts_from_a_pretraining_run_and_trains_on_assistant_tokens(data_dir, sft_dir, tmp_path):
