@@ -11,6 +11,7 @@ its JREG settings); written to a temporary folder, then renamed. The tokenizer e
 newline ending a role header is always a token boundary, as our template encodes it: docs/export.md.
 """
 import argparse
+import copy
 import json
 import os
 import re
@@ -19,9 +20,9 @@ import sys
 
 import torch
 
-from conversations import HEADERS, prompt_ids, render
+from conversations import HEADERS, chat_template, prompt_ids, render
 from data import EOT, HFTokenizer, one_line, tokenizer_tag
-from runs import load_run
+from runs import check_writable, load_run
 
 
 # conversations.render's chat template: EOT, then each turn's header and content; EOT closes each
@@ -32,8 +33,24 @@ CHAT_TEMPLATE = (
     "{% endif %}{{ '<|' + m['role'] + '|>\\n' + m['content'] }}"
     "{% if m['role'] == 'assistant' %}{{ eos_token }}{% if not loop.last %}{{ '\\n' }}{% endif %}"
     "{% else %}{{ '\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "\n\n  Hi, 'you'!"},
+        {"role": "assistant", "content": "  Hello.\n"}, {"role": "user", "content": "\tMore?  "}]
 SAMPLE = ("Hello, World! It's 1,234,567 o'clock; we'LL see... Ünïcödé, 日本語, ﷺ, 🙂🙂\r\n\ttabs\t\t  and"
           "   spaces  \n\n\n  indented\n<|endoftext|>  ")
+
+
+def add_chat_template(tok, enc):
+    """tok (a fast tokenizer) with our chat template, the newline ending a role header made a token boundary (as
+    render encodes header and content apart), if apply_chat_template then gives render's and prompt_ids' ids on a
+    sample chat; else None."""
+    from tokenizers import Regex, pre_tokenizers
+    headers = "|".join(re.escape(h[:-1]) for h in HEADERS.values())      # each header ends with "\n"
+    backend = tok.backend_tokenizer
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(f"(?<={headers})\\n"), behavior="isolated"), backend.pre_tokenizer])
+    tok.chat_template = CHAT_TEMPLATE
+    same = tok.apply_chat_template(CHAT, add_generation_prompt=True, return_dict=False) == prompt_ids(CHAT, enc)
+    return tok if same and tok.apply_chat_template(CHAT[:3], return_dict=False) == render(CHAT[:3], enc)[0] else None
 
 
 def hf_tokenizer(enc, max_length=None):
@@ -50,22 +67,16 @@ def hf_tokenizer(enc, max_length=None):
         conv.load_tiktoken_bpe = lambda _: enc._mergeable_ranks
         vocab, merges = conv.extract_vocab_merges_from_model(None)
         tk = Tokenizer(models.BPE({**vocab, **enc._special_tokens}, merges, fuse_unk=False, ignore_merges=True))
-        headers = "|".join(re.escape(h[:-1]) for h in HEADERS.values())      # each header ends with "\n"
         tk.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(f"(?<={headers})\\n"), behavior="isolated"),
             pre_tokenizers.Split(Regex(enc._pat_str), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         tk.decoder, tk.post_processor = decoders.ByteLevel(), processors.ByteLevel(trim_offsets=False)
         tk.add_special_tokens([AddedToken(s, normalized=False, special=True) for s in enc._special_tokens])
-        tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token=EOT, eos_token=EOT, pad_token=EOT,
-                                      clean_up_tokenization_spaces=False, chat_template=CHAT_TEMPLATE,
-                                      **({"model_max_length": max_length} if max_length else {}))
+        tok = add_chat_template(PreTrainedTokenizerFast(
+            tokenizer_object=tk, bos_token=EOT, eos_token=EOT, pad_token=EOT, clean_up_tokenization_spaces=False,
+            **({"model_max_length": max_length} if max_length else {})), enc)
         ids = enc.encode(SAMPLE, allowed_special="all")
-        same = tok.encode(SAMPLE) == ids and tok.decode(ids) == SAMPLE
-        chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "\n\n  Hi, 'you'!"},
-                {"role": "assistant", "content": "  Hello.\n"}, {"role": "user", "content": "\tMore?  "}]
-        same = same and tok.apply_chat_template(chat, add_generation_prompt=True, return_dict=False) == \
-            prompt_ids(chat, enc) and tok.apply_chat_template(chat[:3], return_dict=False) == render(chat[:3], enc)[0]
+        same = tok is not None and tok.encode(SAMPLE) == ids and tok.decode(ids) == SAMPLE
     except Exception as e:
         raise SystemExit(f"error: tokenizer {enc.name!r} does not convert to a Hugging Face tokenizer: "
                          f"{one_line(e)}") from None
@@ -78,21 +89,28 @@ def hf_tokenizer(enc, max_length=None):
 def export(run_dir, out, step=None, dtype="float32", overwrite=False):
     """Write the Hugging Face folder `out` for the checkpoint `step` (default: the latest) of `run_dir`."""
     from transformers import GenerationConfig
-    out = os.path.normpath(out)
     if not os.path.isdir(run_dir):
         raise SystemExit(f"error: run folder not found: {run_dir}")
-    if os.path.commonpath([os.path.realpath(out), os.path.realpath(run_dir)]) == os.path.realpath(out):
-        raise SystemExit(f"error: the output folder {out} holds the run folder {run_dir}")
+    for held, path in ((f"the run folder {run_dir}", run_dir), ("the current folder", os.curdir)):
+        if os.path.commonpath([os.path.realpath(out), os.path.realpath(path)]) == os.path.realpath(out):
+            raise SystemExit(f"error: the output folder {out} holds {held}")
     if os.path.exists(out) and not os.path.isdir(out):
         raise SystemExit(f"error: {out} is not a folder")
     if os.path.exists(out) and os.listdir(out) and not overwrite:
         raise SystemExit(f"error: {out} exists and is not empty (--overwrite replaces it)")
+    out = os.path.realpath(out)                     # a link: its target is replaced, the link stays
+    check_writable(os.path.dirname(out), "OUT's folder", folder=True)
     model, enc, meta = load_run(run_dir, step, dtype=getattr(torch, dtype))
     if model.config.vocab_size < enc.n_vocab:
         raise SystemExit(f"error: the model's vocabulary ({model.config.vocab_size}) is smaller than that of "
                          f"tokenizer {enc.name!r} ({enc.n_vocab})")
     own = isinstance(enc, HFTokenizer)           # a model's own tokenizer (e.g. a retrofit): written back as it was
     tok = enc.hf if own else hf_tokenizer(enc, model.config.max_seq_len)
+    if own and chat_template(enc) is None:       # it chats in our template (conversations.chat_prompt): ours goes too
+        tok = add_chat_template(copy.deepcopy(tok), enc) or tok
+        if tok.chat_template is None:
+            print(f"warning: our chat template does not render in tokenizer {enc.name!r} as conversations.render "
+                  "does; the folder has no chat template", file=sys.stderr)
     hf = model.to_hf()
     ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
            "pad_token_id": tok.eos_token_id if tok.pad_token_id is None else tok.pad_token_id}
@@ -112,12 +130,13 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
         hf.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         # also for readers on transformers 4.x: the tokenizer's class, the template and two settings under older keys
-        for file, fields in (("tokenizer_config.json", {} if own else {"tokenizer_class": "PreTrainedTokenizerFast",
-                                                                      "chat_template": CHAT_TEMPLATE}),
+        for file, fields in (("tokenizer_config.json", {"chat_template": tok.chat_template}),
                              ("config.json", {"rope_theta": model.config.rope_theta, "torch_dtype": dtype}),
                              ("jreg.json", provenance)):
             path = os.path.join(tmp, file)
             fields = {**(json.load(open(path)) if os.path.exists(path) else {}), **fields}
+            if fields.get("tokenizer_class") == "TokenizersBackend":      # transformers 5's name of a fast tokenizer
+                fields["tokenizer_class"] = "PreTrainedTokenizerFast"
             with open(path, "w") as f:
                 json.dump(fields, f, indent=2)
         umask = os.umask(0o22)

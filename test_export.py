@@ -1,5 +1,6 @@
 """Tests of export.py: a run folder exported as a Hugging Face folder loads in transformers with our logits, greedy
 generations, tokenization (gpt2 and bytes) and chat template; every bad input is one error line."""
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -16,7 +17,7 @@ import evaluate as E
 import export
 from generation import generate
 from model import Llama, LlamaConfig
-from data import get_tokenizer, kjv_path
+from data import HFTokenizer, get_tokenizer, kjv_path, smollm2_gguf
 from conversations import prompt_ids, render
 from prepare_sft import clean, to_messages
 import runs as R
@@ -178,6 +179,30 @@ def test_bfloat16_overwrite_and_atomic_write(tmp_path):
     (tmp_path / "empty").mkdir()
     export.export(run, str(tmp_path / "empty"))                                # an empty OUT is fine
     assert "model.safetensors" in os.listdir(tmp_path / "empty")
+    os.symlink("empty", tmp_path / "link")                                     # a link: its target is replaced
+    export.export(run, str(tmp_path / "link"), overwrite=True)
+    assert os.readlink(tmp_path / "link") == "empty" and sorted(os.listdir(tmp_path)) == ["empty", "hf", "link", "run"]
+    assert "model.safetensors" in os.listdir(tmp_path / "empty")
+
+
+def test_own_tokenizer_without_a_template_gets_ours(tmp_path):
+    """A run in a model's own Hugging Face tokenizer that has no chat template chats in ours (chat.py, chat_eval.py):
+    the folder gets it, rendering exactly conversations.prompt_ids, and a tokenizer class transformers 4.x knows."""
+    hf = copy.deepcopy(get_tokenizer("hf:" + smollm2_gguf()).hf)
+    hf.chat_template = None
+    hf.save_pretrained(tmp_path / "run" / "tokenizer")                         # as train.py keeps it
+    run = save_run(str(tmp_path / "run"), "hf:" + smollm2_gguf(), vocab_size=49152)
+    export.export(run, str(tmp_path / "hf"))
+    _, enc, _ = R.load_run(run)
+    assert isinstance(enc, HFTokenizer) and enc.hf.chat_template is None
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    for conv in sharegpt(30):
+        for k, m in enumerate(conv):
+            if m["role"] == "user":
+                got = tok.apply_chat_template(conv[:k + 1], add_generation_prompt=True, return_dict=False)
+                assert got == prompt_ids(conv[:k + 1], enc)
+    config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and config["chat_template"] == export.CHAT_TEMPLATE
 
 
 def test_refusals(tmp_path):
@@ -191,11 +216,14 @@ def test_refusals(tmp_path):
              ([run, str(tmp_path / "a"), "--step", "7"], r"--step 7: no such checkpoint .*\(steps: \[5\]\)"),
              ([run, str(tmp_path / "none" / ".."), "--overwrite"], "the output folder .* holds the run folder"),
              ([run, str(tmp_path / "full" / "notes.txt")], ".*notes.txt is not a folder"),
+             ([run, str(tmp_path / "full" / "notes.txt" / "hf")], "OUT's folder .*notes.txt cannot be written"),
+             ([run, "."], r"the output folder \. holds the current folder"),
              ([run, str(tmp_path / "full")], ".* exists and is not empty .--overwrite replaces it."),
              ([str(tmp_path / "odd"), str(tmp_path / "a")],
               r"the model's vocabulary \(200\) is smaller than that of tokenizer 'bytes' \(257\)")]
     for argv, message in cases:
-        with pytest.raises(SystemExit, match="^error: " + message):
+        with pytest.raises(SystemExit, match="^error: " + message), pytest.MonkeyPatch.context() as mp:
+            mp.chdir(tmp_path / "none")                                       # "." is an empty folder
             export.main(argv)
     ckpt = torch.load(os.path.join(run, "ckpt_0000005.pt"), weights_only=False)
     torch.save({**ckpt, "config": {"tokenizer": "nonsense"}}, os.path.join(run, "ckpt_0000005.pt"))
