@@ -339,8 +339,8 @@ def load_run(run_dir, step=None, device="cpu", dtype=torch.float32, tokenizer=No
     config = ckpt.get("config") or {}
     meta = {"run_dir": run_dir, "checkpoint": path, "step": ckpt.get("step", step), "tokens": ckpt.get("tokens"),
             "config": config, "model_config": ckpt["model_config"]}
-    folder = os.path.join(run_dir, "tokenizer")             # train.py's copy of a Hugging Face tokenizer
-    tokenizer = tokenizer or get_tokenizer("hf:" + folder if os.path.isdir(folder) else config.get("tokenizer", "gpt2"))
+    folder, name = os.path.join(run_dir, "tokenizer"), config.get("tokenizer", "gpt2")   # train.py's copy of an HF one
+    tokenizer = tokenizer or get_tokenizer("hf:" + folder if name.startswith("hf:") and os.path.isdir(folder) else name)
     return model.to(device=device, dtype=dtype).eval(), tokenizer, meta
 
 

@@ -285,6 +285,18 @@ def test_resume_with_other_settings_is_refused_and_allowed_changes_are_recorded(
     history = json.load(open(tmp_path / "config.json"))["history"]
     assert [h["step"] for h in history] == [0, 2]
     assert history[1]["changed"] == {"max_steps": [2, 4], "eval_interval": [0, 2], "keep_ckpts": [3, 5]}
+    info = json.load(open(tmp_path / "run_info.json"))                   # each start's code, not only the last one's
+    assert all(h["git_commit"] == info["git_commit"] and h["torch"] == torch.__version__ for h in history)
+
+
+def test_a_fresh_start_drops_the_tokenizer_copy_of_a_killed_attempt(data_dir, tmp_path):
+    """An attempt in a Hugging Face tokenizer killed before its first checkpoint leaves OUT/tokenizer; a fresh start in
+    another tokenizer removes it, and load_run (evaluate, chat, export) reads the run's own. (Before: load_run took
+    the stale copy for the run's tokenizer.)"""
+    (tmp_path / "tokenizer").mkdir(parents=True)
+    (tmp_path / "tokenizer" / "tokenizer.json").write_text("{}")
+    run(data_dir, tmp_path, "--max_steps=1", "--eval_interval=0")
+    assert not (tmp_path / "tokenizer").exists() and R.load_run(str(tmp_path))[1].name == "bytes"
 
 
 def test_resume_keeps_the_validation_set_and_says_when_there_is_nothing_to_train(data_dir, tmp_path, capsys):

@@ -16,6 +16,7 @@ import gc
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import time
@@ -123,12 +124,16 @@ def write_records(cfg, mcfg, data_id, step, changed, device):
     info = run_info(device)
     saved = os.path.join(cfg.out_dir, "config.json")
     old = json.load(open(saved)) if step and os.path.exists(saved) else {}
-    history = old.get("history", []) + [{"step": step, "changed": changed, "argv": info["argv"], "time": info["time"]}]
+    history = old.get("history", []) + [{"step": step, "changed": changed, **{k: info[k] for k in (
+        "argv", "time", "git_commit", "git_dirty", "torch", "device", "world_size")}}]   # run_info.json: the last start's
     write_atomic(saved, json.dumps({"config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg),
                                     "tokenizer": tokenizer_tag(cfg.tokenizer), "data_identity": data_id,
                                     "history": history}, indent=2))
     write_atomic(os.path.join(cfg.out_dir, "run_info.json"), json.dumps(info, indent=2))
-    if cfg.tokenizer.startswith("hf:") and not os.path.isdir(folder := os.path.join(cfg.out_dir, "tokenizer")):
+    folder = os.path.join(cfg.out_dir, "tokenizer")
+    if not step:                                        # a fresh start: no tokenizer of an earlier, killed attempt
+        shutil.rmtree(folder, ignore_errors=True)
+    if cfg.tokenizer.startswith("hf:") and not os.path.isdir(folder):
         get_tokenizer(cfg.tokenizer).hf.save_pretrained(folder + ".tmp")  # the model's own tokenizer and chat template,
         os.replace(folder + ".tmp", folder)                                # for load_run and export.py
     log_path = os.path.join(cfg.out_dir, "log.jsonl")
