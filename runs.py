@@ -265,10 +265,11 @@ def lock_run(out_dir):
 
 def check_resume(cfg, mcfg, ckpt, path, data_id):
     """The settings of a resumed run must be the checkpoint's, except the RESUMABLE ones: {key: [old, new]}. The data
-    must be the same (its data_identity); it may have moved (checkpoints without an identity compare the path)."""
+    must be the same (its data_identity); it may have moved (checkpoints without an identity compare the path), and so
+    may the tokenizer (the shards' headers have checked it: a Hugging Face one by its fingerprint)."""
     old, new = {**BEFORE, **ckpt["config"]}, dataclasses.asdict(cfg)     # settings newer than the run: as before them
     changed = {k: [old.get(k), v] for k, v in new.items() if old.get(k, v) != v}
-    free = RESUMABLE | {"out_dir"} | ({"data_dir"} if ckpt.get("data_identity") else set())
+    free = RESUMABLE | {"out_dir"} | ({"data_dir", "tokenizer"} if ckpt.get("data_identity") else set())
     wrong = {k: c for k, c in changed.items() if k not in free}
     if ckpt.get("model_config") != dataclasses.asdict(mcfg):
         fail(f"checkpoint {path} is of another model: use another out_dir or the same model")

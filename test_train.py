@@ -865,6 +865,12 @@ def test_continued_pretraining_from_a_hugging_face_model_with_its_own_tokenizer(
     theirs = tasks.score_requests(tasks.HFModelLM(exported, back), requests)
     assert [g for _, g in ours] == [g for _, g in theirs]
     np.testing.assert_allclose([ll for ll, _ in ours], [ll for ll, _ in theirs], atol=1e-4)
+    os.rename(tmp_path / "model", tmp_path / "gone")           # the source goes: the run resumes in its own copy
+    resumed = [*args[1:], f"--tokenizer=hf:{tmp_path / 'out' / 'tokenizer'}", f"--init_from={model}", "--max_steps=3"]
+    steps, _ = run(d, tmp_path / "out", *resumed)
+    assert steps[-1]["step"] == 3
+    with pytest.raises(SystemExit, match="written with tokenizer"):          # another tokenizer stays refused
+        run(d, tmp_path / "out", *resumed[:-3], f"--tokenizer={other}", "--max_steps=4")
 
 
 def test_sharded_checkpoints_resume_exactly_and_are_read_like_files(data_dir, tmp_path):
