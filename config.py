@@ -119,13 +119,18 @@ def read_config_file(path):
                                                 or type(v).__name__ == "module")}
 
 
+PAIRS = {"epochs": "max_steps", "max_steps": "epochs", "warmup_ratio": "warmup_steps", "warmup_steps": "warmup_ratio"}
+
+
 def load_config(argv):
-    """Config from `[config.py ...] [--key=value ...]`: defaults <- config files <- command line; then checked."""
+    """Config from `[config.py ...] [--key=value ...]`: defaults <- config files <- command line; then checked. A
+    layer that sets one of a pair (PAIRS: epochs or max_steps, warmup_ratio or warmup_steps) drops the other's
+    earlier setting; one layer setting both is an error."""
     types = {f.name: f.type for f in dataclasses.fields(Config)}
-    values = {}
+    layers, command_line = [], {}
     for arg in argv:
         if not arg.startswith("--"):
-            values.update({key: (value, f"in {arg}") for key, value in read_config_file(arg).items()})
+            layers.append({key: (value, f"in {arg}") for key, value in read_config_file(arg).items()})
             continue
         key, sep, text = arg[2:].partition("=")
         if not sep:
@@ -136,7 +141,13 @@ def load_config(argv):
                 int(float(text)) if ftype is int and float(text).is_integer() else ftype(text)
         except ValueError:
             value = text                                         # reported as a wrong type below
-        values[key] = (value, "(from the command line)")
+        command_line[key] = (value, "(from the command line)")
+    values = {}
+    for layer in layers + [command_line]:
+        for key in layer:
+            if PAIRS.get(key) not in layer:
+                values.pop(PAIRS.get(key), None)
+        values.update(layer)
     for key, (value, where) in values.items():
         ftype = types.get(key)
         if ftype is None:
@@ -146,9 +157,9 @@ def load_config(argv):
         if value is not None and type(value) is not ftype:
             fail(f"config key {key!r}: expected {ftype.__name__}, got {type(value).__name__} {value!r} {where}")
         values[key] = value
-    if values.get("epochs") and "max_steps" in values:
-        fail(f"epochs = {values['epochs']} sets max_steps, which is set too ({values['max_steps']}): set one of them "
-             f"(--epochs=0 --max_steps={values['max_steps']} for a fixed number of steps)")
+    for key, other in (("epochs", "max_steps"), ("warmup_ratio", "warmup_steps")):
+        if values.get(key) and other in values:
+            fail(f"{key} = {values[key]} sets {other}, which is set too ({values[other]}): set one of them")
     cfg = Config(**values)
     check_config(cfg)
     return cfg
