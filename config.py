@@ -138,7 +138,8 @@ def load_config(argv):
         ftype = types.get(key, str)
         try:
             value = {"true": True, "false": False}.get(text.lower(), text) if ftype is bool else \
-                int(float(text)) if ftype is int and float(text).is_integer() else ftype(text)
+                int(text) if ftype is int and text.strip().lstrip("+-").isdigit() else \
+                int(float(text)) if ftype is int and float(text).is_integer() else ftype(text)     # 1e6: an int too
         except ValueError:
             value = text                                         # reported as a wrong type below
         command_line[key] = (value, "(from the command line)")
@@ -175,6 +176,7 @@ def check_config(cfg):
         need(getattr(cfg, key) >= 1, key, "must be at least 1")
     for key in ("seed", "warmup_steps", "eval_interval", "max_bad_steps"):
         need(getattr(cfg, key) >= 0, key, "must be 0 or more")
+    need(cfg.seed < 2 ** 63, "seed", "must be below 2**63 (torch's seed)")
     for key in ("lr", "weight_decay", "grad_clip", "jreg_lambda", "jreg_alpha", "epochs", "warmup_ratio"):
         need(math.isfinite(getattr(cfg, key)) and getattr(cfg, key) >= 0, key, "must be a finite number >= 0")
     for key in ("min_lr_ratio", "beta1", "beta2"):

@@ -194,8 +194,9 @@ def init_weights_hf(name, tokenizer):
     fingerprint (data.tokenizer_fingerprint, which the shards' headers carry), for a tiktoken one the same ids of a
     probe text."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    where, local = f"init_from 'hf:{name}'", os.path.exists(name)
-    path, gguf = os.path.split(name) if name.lower().endswith(".gguf") else (name, None)
+    where, name = f"init_from 'hf:{name}'", os.path.expanduser(name)
+    local, (path, gguf) = os.path.exists(name), os.path.split(name) if name.lower().endswith(".gguf") else (name, None)
+    path = path or "."                                  # FILE.gguf: in this folder, as data.get_tokenizer reads it
     kwargs = _hf_kwargs(gguf)
     if not local and (gguf or name.startswith((".", "/", "~")) or name.count("/") > 1):
         fail(f"{where}: no such {'GGUF file' if gguf else 'folder'}")
@@ -258,9 +259,12 @@ def restore(ckpt, model, optimizer, fsdp):
 
 def lock_run(out_dir):
     """out_dir/run.lock, held for the life of this process (data.lock_file): one training process per folder."""
-    os.makedirs(out_dir, exist_ok=True)
-    return lock_file(os.path.join(out_dir, "run.lock"), f"{out_dir} is in use by another training process "
-                     "({holder}); wait for it to finish or use another out_dir")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        return lock_file(os.path.join(out_dir, "run.lock"), f"{out_dir} is in use by another training process "
+                         "({holder}); wait for it to finish or use another out_dir")
+    except OSError as e:
+        fail(f"out_dir {out_dir!r} cannot be written: {e.strerror or e}")
 
 
 def check_resume(cfg, mcfg, ckpt, path, data_id):
@@ -403,7 +407,8 @@ def max_length_of(kind, path, step=None, gguf_file=None):
 def check_device(device):
     """auto -> cuda if available, else cpu; anything but cpu, mps, or an available cuda / cuda:N is an error."""
     device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device) or ("cuda" in device and not torch.cuda.is_available()):
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device) or ("cuda" in device and not torch.cuda.is_available()) or (
+            device == "mps" and not torch.backends.mps.is_available()):
         raise SystemExit(f"error: --device {device}: choose cpu, mps, or cuda / cuda:N where CUDA is available")
     return device
 
@@ -413,11 +418,11 @@ def check_writable(path, option, folder=False):
     (the option not given) is fine."""
     if not path:
         return
-    probe = os.path.join(path, ".probe.tmp") if folder else os.path.abspath(path) + ".tmp"
+    probe = os.path.join(path, ".probe.tmp") if folder else f"{path}.tmp"        # write_atomic's temporary file
     try:
-        if not folder and os.path.isdir(path):
+        if not folder and (os.path.isdir(path) or path.endswith(os.sep)):
             raise IsADirectoryError(21, "is a folder")
-        os.makedirs(os.path.dirname(probe), exist_ok=True)
+        os.makedirs(os.path.dirname(probe) or ".", exist_ok=True)
         open(probe, "w").close()
         os.remove(probe)
     except OSError as e:

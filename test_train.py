@@ -262,6 +262,24 @@ def test_no_token_left_for_psi_is_refused_before_anything_is_written(data_dir, t
     assert not os.path.exists(tmp_path / "o")
 
 
+def test_paths_seeds_and_devices_that_cannot_work_are_one_line(data_dir, tmp_path, monkeypatch):
+    """(Before: tracebacks for an out_dir under a file, --seed=1e20 and chat's --device mps without MPS; a seed of 20
+    digits silently rounded through a float; --out DIR/ accepted, then failing after the whole evaluation.)"""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match="^error: out_dir '.*file/run' cannot be written: Not a directory"):
+        run(data_dir, tmp_path / "file" / "run", "--max_steps=1")
+    assert CF.load_config(["--seed=1234567890123456789"]).seed == 1234567890123456789
+    with pytest.raises(SystemExit, match="^error: config key 'seed' = 100000000000000000000: must be below 2"):
+        CF.load_config(["--seed=1e20"])
+    with pytest.raises(SystemExit, match="cannot be written: is a folder"):
+        R.check_writable(str(tmp_path / "new") + os.sep, "--out")
+    monkeypatch.chdir(tmp_path)
+    R.check_writable("report.json", "--out")                                 # a bare file name: this folder
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="^error: --device mps: choose"):
+        R.check_device("mps")
+
+
 def test_config_file_with_a_python_error_names_file_and_line(tmp_path):
     for body, line in (("lr = 1e-3\nmax_steps = 10 +\n", 2), ("lr = 1e-3\n\nmax_steps = undefined_name\n", 3)):
         (tmp_path / "c.py").write_text(body)
@@ -870,6 +888,8 @@ def test_continued_pretraining_from_a_hugging_face_model_with_its_own_tokenizer(
     theirs = tasks.score_requests(tasks.HFModelLM(exported, back), requests)
     assert [g for _, g in ours] == [g for _, g in theirs]
     np.testing.assert_allclose([ll for ll, _ in ours], [ll for ll, _ in theirs], atol=1e-4)
+    monkeypatch.setenv("HOME", str(tmp_path))                  # hf:~/DIR, as data.get_tokenizer reads it
+    assert R.init_weights_hf("~/model", model)[0].keys() == mine.state_dict().keys()
     os.rename(tmp_path / "model", tmp_path / "gone")           # the source goes: the run resumes in its own copy
     resumed = [*args[1:], f"--tokenizer=hf:{tmp_path / 'out' / 'tokenizer'}", f"--init_from={model}", "--max_steps=3"]
     steps, _ = run(d, tmp_path / "out", *resumed)
