@@ -52,8 +52,9 @@ def vocab_of(enc):
 
 
 def cut_at_stop_text(tokens, enc, stop_texts):
-    """tokens up to the one where a stop text starts past the first character (FastChat's `find(stop) > 0`), or None
-    when the decoded text holds no such stop text."""
+    """tokens whose text is the text before the first stop text that starts past the first character (FastChat's
+    `output[:output.find(stop)]` where that is > 0): those before the token the stop text starts in, then the text of
+    that token before it, encoded anew; None when the decoded text holds no such stop text."""
     text = enc.decode(tokens)
     starts = [i for s in stop_texts if (i := text.find(s)) > 0]
     if not starts:
@@ -61,7 +62,7 @@ def cut_at_stop_text(tokens, enc, stop_texts):
     k = len(tokens)
     while k and len(enc.decode(tokens[:k])) > min(starts):
         k -= 1
-    return tokens[:k]
+    return tokens[:k] + enc.encode_ordinary(text[len(enc.decode(tokens[:k])):min(starts)])
 
 
 @torch.inference_mode()

@@ -115,6 +115,15 @@ def test_sampling_seeded_and_top_p():
     assert set(draws.tolist()) == {0, 1} and abs((draws == 0).float().mean().item() - 0.625) < 0.02
 
 
+def test_a_stop_text_that_starts_inside_a_token_keeps_the_text_before_it():
+    """As FastChat's output[:output.find(stop)]: a token holding the answer's last character and the stop text's first
+    gives that character back. (Before: "Yes.<|user|>" was cut to "Yes".)"""
+    enc = get_tokenizer("gpt2")
+    for glue in (".<", " <"):
+        tokens = enc.encode_ordinary("Yes") + [enc.encode_single_token(glue)] + enc.encode_ordinary("|user|>\nhi")
+        assert enc.decode(generation.cut_at_stop_text(tokens, enc, ("<|user|>",))) == "Yes" + glue[0]
+
+
 def test_stops_and_limits(trained, enc):
     hi, bye, nope, yes = (prompt_ids(m, enc) for m in ([U("a")], [U("a"), A("Hi!"), U("b")], [U("b")], [U("c")]))
     out = generate(trained, [hi, bye, nope, yes], 30, enc=enc)
