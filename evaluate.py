@@ -7,7 +7,8 @@ output schema, numbers: docs/evaluation.md. A user error (bad option, missing fi
     python evaluate.py out/base                                       # the paper's nine tasks, latest checkpoint
     python evaluate.py out/base out/jreg --limit 500 --out cmp.json   # one table, a column per model, Δ = 2nd − 1st
     python evaluate.py --hf gpt2 --tasks lambada_openai,hellaswag --log_samples --out gpt2.json
-    python evaluate.py --hf DIR --gguf model.gguf --data_dir tasks_offline --limit 200   # offline_tasks.py builds DIR
+    python evaluate.py --hf DIR --gguf model.gguf --data_dir tasks_offline --limit 200 \
+        --tasks lambada_openai,boolq,arc_easy,hellaswag,piqa,social_iqa,sciq   # offline_tasks.py builds tasks_offline
     python evaluate.py out/base out/jreg --profile --plot plots/      # Ψ profiles on the runs' validation windows
     python evaluate.py out/base --profile --all_ckpts --plot plots/   # ζ_L over training
     python evaluate.py out/base out/jreg --tasks piqa,sciq --exit_layers all --plot plots/   # early exit at every layer
@@ -120,7 +121,7 @@ def profile_table(profiles):
                   "|---" * 6 + "|"]
         columns = [(p["psi"], 1, ".4f"), (p["psi_normed"], 1, ".4f"), (p.get("psi_skip_first", []), 1, ".4f"),
                    (p.get("logit_lens_loss", []), 0, ".3f"), (p.get("skip_block_loss_increase", []), 1, "+.4f")]
-        for l in range(1, p["n_layer"] + 1):
+        for l in range(0 if p.get("logit_lens_loss") else 1, p["n_layer"] + 1):   # the logit lens reads h_0 too
             lines.append(f"| {l} | " + " | ".join(_layer(v, l, first, fmt) for v, first, fmt in columns) + " |")
     return "\n".join(lines) + "\n"
 
@@ -173,8 +174,9 @@ def check_args(args):
         raise SystemExit("error: give one or more run folders or --hf NAME_OR_PATH")
     if args.gguf and not args.hf:
         raise SystemExit("error: --gguf needs --hf DIR")
-    if args.step is not None and not args.runs:
-        raise SystemExit("error: --step selects a checkpoint of a run folder; no run folder given")
+    if (args.step is not None or args.all_ckpts) and not args.runs:
+        raise SystemExit(f"error: {'--step' if args.step is not None else '--all_ckpts'} reads checkpoints of run "
+                         "folders; no run folder given")
     default = vars(parse_args([]))                        # options that only the layer profile reads
     profile_only = [f"--{k}" for k in ("shards", "text", "profile_task", "profile_tokens", "analysis_tokens", "seq_len",
                                        "all_ckpts") if getattr(args, k) != default[k]]
@@ -225,7 +227,8 @@ def profile_windows(args, lm, meta, task_data, seq_len, tokenizer=None):
             return list(zip(x.split(args.batch_size), y.split(args.batch_size), real.split(args.batch_size)))
         windows = val_windows(source, tokenizer, lm.model.config.vocab_size, seq_len, n)
     if len(windows) == 0:
-        raise SystemExit(f"error: --profile: {source} holds fewer than {seq_len + 1} tokens (one window)")
+        raise SystemExit(f"error: --profile: {', '.join(args.text or [source])} holds fewer than {seq_len + 1} "
+                         "tokens (one window)")
     mask = torch.ones_like(windows, dtype=torch.bool) if mask is None else mask
     return list(zip(windows.split(args.batch_size), mask.split(args.batch_size)))
 

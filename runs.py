@@ -324,13 +324,14 @@ def peak_flops(device):
     return next((peak for key, peak in PEAK_FLOPS if key in name), None)
 
 
-def checkpoint_path(run_dir, step=None):
-    """The path of the checkpoint of `step` (default: the latest) in a run folder (list_checkpoints)."""
+def checkpoint_path(run_dir, step=None, what=None):
+    """The path of the checkpoint of `step` (default: the latest) in a run folder (list_checkpoints); what: how an
+    error names the step asked for (default: --step N)."""
     ckpts = dict(list_checkpoints(run_dir))
     if not ckpts:
         raise SystemExit(f"error: no checkpoints (ckpt_*.pt) in {run_dir}")
     if step is not None and step not in ckpts:
-        raise SystemExit(f"error: --step {step}: no such checkpoint in {run_dir} (steps: {sorted(ckpts)})")
+        raise SystemExit(f"error: {what or f'--step {step}'}: no such checkpoint in {run_dir} (steps: {sorted(ckpts)})")
     return ckpts[max(ckpts) if step is None else step]
 
 

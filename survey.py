@@ -40,7 +40,7 @@ def parse_model(spec, kind):
         path, revision = spec.rsplit("@", 1)
     if kind == "hf" and path.endswith(".gguf"):
         path, gguf = os.path.dirname(path) or ".", os.path.basename(path)
-    step = re.search(r"(\d+)$", revision or "")
+    step = re.fullmatch(r"(?:step[-_]?)?(\d+)(?:-.*)?", revision or "")       # 1000, step1000, step1000-tokens4B
     if kind == "run" and revision is not None and not revision.isdigit():
         raise SystemExit(f"error: --runs {spec}: RUN@STEP takes a checkpoint step, got {revision!r}")
     return {"spec": spec, "kind": kind, "path": path, "gguf": gguf, "revision": revision,
@@ -57,7 +57,7 @@ def check(args):
         raise SystemExit("error: a model is named twice")
     for m in models:
         if m["kind"] == "run":
-            checkpoint_path(m["path"], m["step"])
+            checkpoint_path(m["path"], m["step"], f"--runs {m['spec']}")
         else:                                             # a local folder or GGUF file: no @REVISION
             check_hf_source(m["path"], m["gguf"], m["revision"], local=bool(m["gguf"]))
     for path in args.text:                                # a wrong format or field fails here, at the first document
@@ -126,7 +126,7 @@ def table(results):
         short = name if len(name) <= 48 else "…" + name[-47:]                # a long local path: its end
         lines.append(f"| {short} | {r['params'] / 1e6:,.1f}M | {r['n_layer']} | {r['profile']['n_tokens']} | "
                      + " | ".join(cells) + f" | {r['load_s']:.0f} | {r['profile_s']:.0f} |")
-    lines += [f"| {name} | could not be loaded: {r['error']} |" for name, r in results.items() if "error" in r]
+    lines += [f"| {name} | failed: {r['error']} |" for name, r in results.items() if "error" in r]
     return "\n".join(lines)
 
 

@@ -613,6 +613,16 @@ def test_cli_run_folder_errors(case, tmp_path, no_model_loading):
         E.main([str(tmp_path / "nope") if case == "missing_run" else str(tmp_path), "--tasks", "arc_easy"])
 
 
+def test_all_ckpts_without_a_run_and_a_text_too_short_are_one_line(tmp_path):
+    """(Before: --all_ckpts with --hf alone drew an empty chart; a short --text was named as a Python list.)"""
+    with pytest.raises(SystemExit, match="^error: --all_ckpts reads checkpoints of run folders; no run folder given$"):
+        E.main(["--hf", str(tmp_path), "--profile", "--all_ckpts"])
+    (tmp_path / "short.txt").write_text("hi")
+    with pytest.raises(SystemExit, match=f"^error: --profile: {tmp_path / 'short.txt'} holds fewer than 17 tokens"):
+        E.main([save_run(str(tmp_path / "run"), steps=(1,)), "--profile", "--text", str(tmp_path / "short.txt"),
+                "--seq_len", "16"])
+
+
 def test_bad_option_in_a_subprocess_is_one_line_and_exit_1(tmp_path):
     """What a user sees: one `error:` line naming the option, exit status 1 (argparse's own errors included)."""
     r = subprocess.run([sys.executable, os.path.join(HERE, "evaluate.py"), str(tmp_path), "--limit", "nan"],
@@ -644,6 +654,7 @@ def test_cli_two_runs_tasks_profiles_plots(tmp_path, data_dir, capsys):
         assert (tmp_path / "plots" / png).stat().st_size > 1000
     table = capsys.readouterr().out
     assert "| arc_easy | acc |" in table and "Δ (jreg − base)" in table and "| base | 3 | 128 |" in table
+    assert f"| 0 | – | – | – | {p['logit_lens_loss'][0]:.3f} | – |" in table        # the logit lens of h_0 too
     avgs = [res["models"][n]["average"]["acc_norm"] for n in ("base", "jreg")]
     assert f"| **average** (1 task) | acc_norm | {avgs[0]:.4f} | {avgs[1]:.4f} | {avgs[1] - avgs[0]:+.4f} |" in table
     assert "| **average** (3 tasks) | acc |" in table

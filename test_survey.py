@@ -122,17 +122,17 @@ def test_revisions_pass_through_and_form_a_series(folders, tmp_path, monkeypatch
     real_load_hf = runs.load_hf
     monkeypatch.setattr(survey, "load_hf", fake_load_hf)
     out, plots = tmp_path / "s.json", tmp_path / "plots"
-    survey.main(["--hf", "org/pythia@step20", "org/pythia@step3", "org/pythia@main",
-                 "--text", str(folders / "text.txt"), "--tokens", "32", "--seq_len", "16", "--out", str(out),
-                 "--plot", str(plots)])
-    assert calls == [("org/pythia", "step20"), ("org/pythia", "step3"), ("org/pythia", "main")]
+    survey.main(["--hf", "org/pythia@step20", "org/pythia@step3", "org/pythia@main", "org/olmo@step40-tokens4B",
+                 "org/pythia@607a30d783dfa663caf39e06633721c8d4cfcd74", "--text", str(folders / "text.txt"),
+                 "--tokens", "32", "--seq_len", "16", "--out", str(out), "--plot", str(plots)])
+    assert calls[:3] == [("org/pythia", "step20"), ("org/pythia", "step3"), ("org/pythia", "main")]
     res = json.loads(out.read_text())["models"]
-    assert [r["step"] for r in res.values()] == [20, 3, None]
+    assert [r["step"] for r in res.values()] == [20, 3, None, 40, None]      # (Before: a commit hash was step 74)
     assert res["org/pythia@step3"]["source"]["revision"] == "step3"
     assert (plots / "zeta_over_checkpoints.png").stat().st_size > 1000
 
 
-def test_gguf_run_folders_and_a_failed_model(folders, tmp_path, monkeypatch):
+def test_gguf_run_folders_and_a_failed_model(folders, tmp_path, monkeypatch, capsys):
     """A .gguf path loads from its folder with gguf_file=; our run folders (RUN@STEP) take part; a model that fails
     to load is recorded, the others are surveyed, and the command ends with one error line."""
     import dataclasses
@@ -156,7 +156,8 @@ def test_gguf_run_folders_and_a_failed_model(folders, tmp_path, monkeypatch):
         survey.main(["--hf", str(tmp_path / "m.gguf"), "--runs", f"{run}@1", str(run), "--text",
                      str(folders / "text.txt"), "--tokens", "32", "--seq_len", "16", "--out", str(out)])
     assert calls == [(str(tmp_path), "m.gguf")]
-    res = json.loads(out.read_text())
+    assert f"| {tmp_path / 'm.gguf'} | failed: could not load" in capsys.readouterr().out   # (Before: "could not be
+    res = json.loads(out.read_text())                                            # loaded" for a profile's error too)
     assert res["complete"] and "could not load" in res["models"][str(tmp_path / "m.gguf")]["error"]
     assert res["models"][f"{run}@1"]["source"]["step"] == 1 and res["models"][str(run)]["source"]["step"] == 2
     assert res["models"][str(run)]["params"] == sum(p.numel() for p in model.parameters())
@@ -189,6 +190,7 @@ ERRORS = {   # arguments -> what the one error line names
     "missing_gguf": (["--hf", "{tmp}/x.gguf", "--text", "{text}"], "x.gguf"),
     "missing_run": (["--runs", "{tmp}", "--text", "{text}"], "no checkpoints"),
     "run_revision": (["--runs", "{tmp}@main", "--text", "{text}"], "RUN@STEP"),
+    "run_step": (["--runs", "{run}@30", "--text", "{text}"], "--runs {run}@30: no such checkpoint in"),
     "folder_revision": (["--hf", "{folders}/llama@step1000", "--text", "{text}"], "llama@step1000: a revision is a hub"),
     "gguf_revision": (["--hf", "{tmp}/m.gguf@main", "--text", "{text}"], "m.gguf@main: a revision is a hub"),
     "not_a_model_folder": (["--hf", "{tmp}", "--text", "{text}"], "no config.json"),
@@ -206,8 +208,11 @@ def test_errors_before_any_model_is_loaded(case, folders, tmp_path, monkeypatch)
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     (tmp_path / "notext.jsonl").write_text('{"a": 1}\n')
     (tmp_path / "latin1.txt").write_bytes("the café".encode("latin-1"))
+    (tmp_path / "run").mkdir()
+    torch.save({}, tmp_path / "run" / "ckpt_0000010.pt")
     args, named = ERRORS[case]
     with pytest.raises(SystemExit) as e:
-        survey.main([a.format(tmp=tmp_path, text=folders / "text.txt", folders=folders) for a in args])
+        survey.main([a.format(tmp=tmp_path, text=folders / "text.txt", folders=folders, run=tmp_path / "run")
+                     for a in args])
     msg = str(e.value.code)
-    assert msg.startswith("error: ") and named.format(tmp=tmp_path) in msg and "\n" not in msg, msg
+    assert msg.startswith("error: ") and named.format(tmp=tmp_path, run=tmp_path / "run") in msg and "\n" not in msg, msg
