@@ -194,7 +194,7 @@ def tokenizer_tag(tokenizer):
     return f"{name}#{tokenizer_fingerprint(enc)[:16]}"
 
 
-def _same_tokenizer(tag, want):  # header tags: Hugging Face ones by their fingerprint, whatever path they were given by
+def same_tokenizer(tag, want):  # header tags: Hugging Face ones by their fingerprint, whatever path they were given by
     return tag == want or tag.startswith("hf:") and want.startswith("hf:") and "#" in tag and \
         tag.rsplit("#", 1)[1] == want.rsplit("#", 1)[-1]
 
@@ -225,7 +225,7 @@ def read_shard(path, tokenizer=None, vocab_size=None):
                         (code not in DTYPES, f"unknown token dtype code {code} (2 = uint16, 4 = uint32)"),
                         (size != expected, f"{size} bytes, but the header says {n} tokens of {code} bytes: "
                                            f"{'truncated' if size < expected else 'has trailing bytes'}"),
-                        (want is not None and not _same_tokenizer(name, want),
+                        (want is not None and not same_tokenizer(name, want),
                          f"written with tokenizer {name!r}, expected {want!r}"),
                         (vocab_size not in (None, vocab), f"vocabulary size {vocab}, expected {vocab_size}")):
         if failed:

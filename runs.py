@@ -7,8 +7,9 @@ the device, and the run's record of its machine.
     hf_model, hf_tok = load_hf("HuggingFaceTB/SmolLM2-135M-Instruct")
     list_checkpoints(out_dir) -> [(step, path)]                   # complete checkpoints, oldest first
 
-A checkpoint ckpt_NNNNNNN.pt holds the unwrapped model, the optimizer, model_config, config, step, tokens, the data
-position and identity, and the RNG states; written to a temporary file and renamed, never with non-finite weights.
+A checkpoint ckpt_NNNNNNN.pt holds the unwrapped model, the optimizer, model_config, config, the tokenizer's tag
+(data.tokenizer_tag: a Hugging Face one with its fingerprint), step, tokens, the data position and identity, and the
+RNG states; written to a temporary file and renamed, never with non-finite weights.
 With sharded_ckpt it is a folder ckpt_NNNNNNN/ instead: each rank's shard of the model and optimizer
 (torch.distributed.checkpoint), their index .metadata, and the rest in meta.pt; it resumes on any number of processes.
 """
@@ -28,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from config import BEFORE, RESUMABLE, fail, model_config
-from data import HFTokenizer, get_tokenizer, lock_file, one_line, tokenizer_fingerprint
+from data import HFTokenizer, get_tokenizer, lock_file, one_line, same_tokenizer, tokenizer_fingerprint, tokenizer_tag
 from model import Llama, LlamaConfig
 
 
@@ -44,9 +45,9 @@ def list_checkpoints(out_dir):
 
 
 def load_checkpoint(path):
-    """The checkpoint dict: model, optimizer, model_config, config, step, tokens, data_state, rng. A file is
-    memory-mapped, so the ranks of one node share a copy in the page cache; a sharded folder gives its record with
-    model and optimizer None and "sharded" its path (model_state reads its weights, restore all of it)."""
+    """The checkpoint dict: model, optimizer, model_config, config, tokenizer_tag, step, tokens, data_state, rng. A
+    file is memory-mapped, so the ranks of one node share a copy in the page cache; a sharded folder gives its record
+    with model and optimizer None and "sharded" its path (model_state reads its weights, restore all of it)."""
     sharded = os.path.isdir(path)
     try:
         if sharded and not os.path.isfile(os.path.join(path, ".metadata")):
@@ -114,7 +115,8 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
              f"{last[-1][1] if last else '(none)'}; rerun to resume from it, with a lower lr or grad_clip")
     finish_checkpoint()
     master = int(os.environ.get("RANK", 0)) == 0
-    meta = {"model_config": dataclasses.asdict(model.config), "config": dataclasses.asdict(cfg), "step": step,
+    meta = {"model_config": dataclasses.asdict(model.config), "config": dataclasses.asdict(cfg),
+            "tokenizer_tag": tokenizer_tag(cfg.tokenizer), "step": step,
             "tokens": step * cfg.batch_tokens, "data_state": {"seq_index": seq_index}, "data_identity": data_id,
             "rng": {"torch": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
@@ -182,7 +184,8 @@ def init_weights(spec, tokenizer):
         fail(f"init_from {spec!r}: no checkpoint{' of step ' + at if at.isdigit() else ''} in {run_dir!r}"
              + (f" (steps {sorted(ckpts)})" if ckpts else ""))
     ckpt = load_checkpoint(ckpts[step])
-    if (trained := ckpt["config"].get("tokenizer", "gpt2")) != tokenizer:
+    trained = ckpt.get("tokenizer_tag") or ckpt["config"].get("tokenizer", "gpt2")   # its tag: an HF one's fingerprint
+    if trained != tokenizer and not same_tokenizer(tokenizer_tag(trained), tokenizer_tag(tokenizer)):
         fail(f"init_from {spec!r} was trained with tokenizer {trained!r}, but tokenizer = {tokenizer!r} (the data's): "
              f"fine-tune it on data prepared with {trained!r}")
     return model_state(ckpt), LlamaConfig(**ckpt["model_config"])

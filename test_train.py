@@ -780,7 +780,7 @@ def test_init_from_a_run_of_another_tokenizer_is_refused(data_dir, sft_dir, tmp_
     run(data_dir, tmp_path / "pre", "--max_steps=2", "--eval_interval=0")
     path = tmp_path / "pre" / "ckpt_0000002.pt"
     ckpt = torch.load(path, weights_only=False)
-    ckpt["config"]["tokenizer"] = "gpt2"
+    ckpt["config"]["tokenizer"] = ckpt["tokenizer_tag"] = "gpt2"
     torch.save(ckpt, path)
     with pytest.raises(SystemExit, match="tokenizer 'gpt2'.*'bytes'"):
         run(data_dir, tmp_path / "o", f"--init_from={tmp_path / 'pre'}", f"--data_dir={sft_dir}", *SFT)
@@ -888,6 +888,9 @@ def test_continued_pretraining_from_a_hugging_face_model_with_its_own_tokenizer(
     theirs = tasks.score_requests(tasks.HFModelLM(exported, back), requests)
     assert [g for _, g in ours] == [g for _, g in theirs]
     np.testing.assert_allclose([ll for ll, _ in ours], [ll for ll, _ in theirs], atol=1e-4)
+    assert R.init_weights(str(tmp_path / "out"), f"hf:{tmp_path / 'out' / 'tokenizer'}")[1] == mine.config  # its copy
+    with pytest.raises(SystemExit, match="was trained with tokenizer"):                                     # by its print
+        R.init_weights(str(tmp_path / "out"), other)
     monkeypatch.setenv("HOME", str(tmp_path))                  # hf:~/DIR, as data.get_tokenizer reads it
     assert R.init_weights_hf("~/model", model)[0].keys() == mine.state_dict().keys()
     os.rename(tmp_path / "model", tmp_path / "gone")           # the source goes: the run resumes in its own copy
