@@ -123,28 +123,26 @@ PAIRS = {"epochs": "max_steps", "max_steps": "epochs", "warmup_ratio": "warmup_s
 
 
 def load_config(argv):
-    """Config from `[config.py ...] [--key=value ...]`: defaults <- config files <- command line; then checked. A
-    layer that sets one of a pair (PAIRS: epochs or max_steps, warmup_ratio or warmup_steps) drops the other's
-    earlier setting; one layer setting both is an error."""
+    """Config from `[config.py ...] [--key=value ...]`: defaults <- each config file and --key=value in turn; then
+    checked. One that sets one of a pair (PAIRS: epochs or max_steps, warmup_ratio or warmup_steps) drops an earlier
+    setting of the other; a config file that sets both is an error."""
     types = {f.name: f.type for f in dataclasses.fields(Config)}
-    layers, command_line = [], {}
+    values = {}
     for arg in argv:
         if not arg.startswith("--"):
-            layers.append({key: (value, f"in {arg}") for key, value in read_config_file(arg).items()})
-            continue
-        key, sep, text = arg[2:].partition("=")
-        if not sep:
-            fail(f"config key {key!r}: use --{key}=VALUE")
-        ftype = types.get(key, str)
-        try:
-            value = {"true": True, "false": False}.get(text.lower(), text) if ftype is bool else \
-                int(text) if ftype is int and text.strip().lstrip("+-").isdigit() else \
-                int(float(text)) if ftype is int and float(text).is_integer() else ftype(text)     # 1e6: an int too
-        except ValueError:
-            value = text                                         # reported as a wrong type below
-        command_line[key] = (value, "(from the command line)")
-    values = {}
-    for layer in layers + [command_line]:
+            layer = {key: (value, f"in {arg}") for key, value in read_config_file(arg).items()}
+        else:
+            key, sep, text = arg[2:].partition("=")
+            if not sep:
+                fail(f"config key {key!r}: use --{key}=VALUE")
+            ftype = types.get(key, str)
+            try:
+                value = {"true": True, "false": False}.get(text.lower(), text) if ftype is bool else \
+                    int(text) if ftype is int and text.strip().lstrip("+-").isdigit() else \
+                    int(float(text)) if ftype is int and float(text).is_integer() else ftype(text)  # 1e6: an int too
+            except ValueError:
+                value = text                                     # reported as a wrong type below
+            layer = {key: (value, "(from the command line)")}
         for key in layer:
             if PAIRS.get(key) not in layer:
                 values.pop(PAIRS.get(key), None)

@@ -332,15 +332,17 @@ def test_resume_keeps_the_validation_set_and_says_when_there_is_nothing_to_train
     assert "the run is at step 4 (max_steps 3): nothing to train" in capsys.readouterr().out
 
 
-def test_epochs_and_max_steps_are_not_both_set_and_epochs_may_grow_on_resume():
+def test_epochs_and_max_steps_are_not_both_set_and_epochs_may_grow_on_resume(tmp_path):
     for key, other in (("epochs", "max_steps"), ("warmup_ratio", "warmup_steps")):
+        (tmp_path / "both.py").write_text(f"{key} = 0.5\n{other} = 10\n")
         with pytest.raises(SystemExit, match=f"{key} = 0.5 sets {other}, which is set too"):
-            CF.load_config(["configs/sft_3.4b.py", f"--{key}=0.5", f"--{other}=10"])
-    # a later layer's choice drops the other of the pair. (Before: --max_steps=10 on an epochs config was refused, and
-    # --epochs=1 on a max_steps config could not be asked for at all; --warmup_steps=3 was silently overridden.)
+            CF.load_config([str(tmp_path / "both.py")])
+    # a later setting of a pair drops the earlier other one. (Before: --max_steps=10 on an epochs config was refused,
+    # --epochs=1 on a max_steps config could not be asked for at all, and --warmup_steps=3 was silently overridden.)
     cfg = CF.load_config(["configs/sft_3.4b.py", "--max_steps=10", "--warmup_steps=3"])
     assert (cfg.max_steps, cfg.epochs, cfg.warmup_steps, cfg.warmup_ratio) == (10, 0, 3, 0)
     assert CF.load_config(["configs/sft_kjv.py", "--epochs=1"]).epochs == 1
+    assert CF.load_config(["--warmup_steps=5", "--warmup_ratio=0.1"]).warmup_ratio == 0.1   # the later one
     assert "epochs" in CF.RESUMABLE and "warmup_ratio" in CF.RESUMABLE
 
 
