@@ -91,14 +91,18 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
     from transformers import GenerationConfig
     if not os.path.isdir(run_dir):
         raise SystemExit(f"error: run folder not found: {run_dir}")
+    real = os.path.realpath(out)                    # a link: its target is replaced, the link stays
     for held, path in ((f"the run folder {run_dir}", run_dir), ("the current folder", os.curdir)):
-        if os.path.commonpath([os.path.realpath(out), os.path.realpath(path)]) == os.path.realpath(out):
+        if os.path.commonpath([real, os.path.realpath(path)]) == real:
             raise SystemExit(f"error: the output folder {out} holds {held}")
+    tmp, old = (os.path.join(os.path.dirname(real), f".{os.path.basename(real)}.{kind}") for kind in ("tmp", "old"))
+    if os.path.isdir(old) and not os.path.exists(real):        # an export killed between its two renames (below):
+        os.replace(old, real)                                   # the folder before it comes back
     if os.path.exists(out) and not os.path.isdir(out):
         raise SystemExit(f"error: {out} is not a folder")
     if os.path.exists(out) and os.listdir(out) and not overwrite:
         raise SystemExit(f"error: {out} exists and is not empty (--overwrite replaces it)")
-    out = os.path.realpath(out)                     # a link: its target is replaced, the link stays
+    out = real
     check_writable(os.path.dirname(out), "OUT's folder", folder=True)
     model, enc, meta = load_run(run_dir, step, dtype=getattr(torch, dtype))
     if model.config.vocab_size < enc.n_vocab:
@@ -121,9 +125,7 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
                   "step": meta["step"], "tokens": meta["tokens"], "tokenizer": tokenizer_tag(enc), "dtype": dtype,
                   "init_from": cfg.get("init_from", ""), "data_dir": cfg.get("data_dir"),
                   "jreg": {k: v for k, v in cfg.items() if k.startswith("jreg_")}}
-    parent, name = os.path.dirname(out) or ".", os.path.basename(out)
-    tmp, old = (os.path.join(parent, f".{name}.{kind}-{os.getpid()}") for kind in ("tmp", "old"))
-    for path in (tmp, old):
+    for path in (tmp, old):                          # what a killed export left
         shutil.rmtree(path, ignore_errors=True)
     os.makedirs(tmp)
     try:

@@ -179,6 +179,13 @@ def test_bfloat16_overwrite_and_atomic_write(tmp_path):
     (tmp_path / "empty").mkdir()
     export.export(run, str(tmp_path / "empty"))                                # an empty OUT is fine
     assert "model.safetensors" in os.listdir(tmp_path / "empty")
+    os.rename(out, tmp_path / ".hf.old")                    # killed between its two renames: no hf, the old one aside
+    (tmp_path / ".hf.tmp").mkdir()                          # and a half-written folder
+    with pytest.raises(SystemExit, match="hf exists and is not empty"):       # the old folder came back first
+        export.export(run, str(out))
+    assert (out / "model.safetensors").exists() and not (tmp_path / ".hf.old").exists()
+    export.export(run, str(out), overwrite=True)
+    assert not (tmp_path / ".hf.tmp").exists()                                 # (Before: both stayed, for ever)
     os.symlink("empty", tmp_path / "link")                                     # a link: its target is replaced
     export.export(run, str(tmp_path / "link"), overwrite=True)
     assert os.readlink(tmp_path / "link") == "empty" and sorted(os.listdir(tmp_path)) == ["empty", "hf", "link", "run"]
