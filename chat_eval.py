@@ -52,7 +52,10 @@ def _read_rows(source):
     """Rows of a local .json/.jsonl/.parquet file, or of a hub dataset NAME[:SPLIT] (split default: train)."""
     if os.path.isfile(source) and source.endswith(".parquet"):
         import datasets
-        return list(datasets.load_dataset("parquet", data_files=source, split="train"))
+        try:
+            return list(datasets.load_dataset("parquet", data_files=source, split="train"))
+        except Exception as e:
+            raise SystemExit(f"error: {source}: not a readable parquet file ({one_line(e)})") from None
     if os.path.isfile(source):
         with open(source, encoding="utf-8", errors="replace") as f:
             text = f.read()
@@ -326,7 +329,7 @@ def parse_args(argv=None):
                    help="max_tokens of a judgment (2048)")
     p.add_argument("--max_new_tokens", type=int_at_least(1), default=1024,
                    help="answer length limit (FastChat's default)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed of answers; bootstrap seed")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="sampling seed of answers; bootstrap seed")
     p.add_argument("--n_boot", type=int_at_least(1), default=10000, help="bootstrap and permutation draws")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -367,9 +370,11 @@ def check_args(args):
 def files_id(path):
     """What a checkpoint file or a model folder holds now, cheaply: a digest of its files' names, sizes and
     modification times (a model trained or exported again to the same path gets another; a hub name: none)."""
+    if not os.path.exists(path):
+        return ""
     files = [path] if os.path.isfile(path) else sorted(os.path.join(path, f) for f in os.listdir(path))
     return "#" + digest([(os.path.basename(f), st.st_size, st.st_mtime_ns) for f in files
-                         if os.path.isfile(f) and (st := os.stat(f))])[:8] if os.path.exists(path) else ""
+                         if os.path.isfile(f) and (st := os.stat(f))])[:8]
 
 
 def model_specs(args):
@@ -403,6 +408,8 @@ def run(argv, locks):
     args = parse_args(argv)
     benches = check_args(args)
     cache_path = args.cache or (os.path.splitext(args.out)[0] + ".cache.jsonl" if args.out else "chat_eval_cache.jsonl")
+    if args.out and os.path.abspath(args.out) == os.path.abspath(cache_path):
+        raise SystemExit(f"error: --out and --cache name the same file, {args.out}: the report would replace the cache")
     check_writable(args.out, "--out")
     check_writable(cache_path, "--cache")
     for path in dict.fromkeys(filter(None, (args.out, cache_path))):

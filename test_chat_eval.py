@@ -350,8 +350,14 @@ def test_command_line_errors(tmp_path, monkeypatch):
              (runs + ["--benchmarks", "mt_bench", "--step", "5"], "--step 5: no such checkpoint"),
              ([str(tmp_path / "nope"), "--benchmarks", "mt_bench"], "nope"),
              (runs + ["--benchmarks", "mt_bench", "--judge_key_env", "NO_SUCH_VAR_X"], "NO_SUCH_VAR_X"),
-             (runs + ["--benchmarks", "mt_bench", "--out", str(tmp_path / "ckpt_file" / "x.json")], "cannot be written")]
+             (runs + ["--benchmarks", "mt_bench", "--out", str(tmp_path / "ckpt_file" / "x.json")], "cannot be written"),
+             # (before: the report replaced the cache; a traceback after all judging; a traceback)
+             (runs + ["--benchmarks", "mt_bench", "--out", str(tmp_path / "c.jsonl")], "--out and --cache name the same"),
+             (runs + ["--seed", "-1"], "argument --seed: must be an integer >= 0"),
+             (runs + ["--benchmarks", "wizardlm", "--wizardlm", str(tmp_path / "bad.parquet")],
+              "bad.parquet: not a readable parquet file")]
     (tmp_path / "ckpt_file").write_text("a file, not a folder")
+    (tmp_path / "bad.parquet").write_text("garbage")
     for argv, message in cases:
         with pytest.raises(SystemExit, match=message):
             ce.main(argv + ["--cache", str(tmp_path / "c.jsonl")])
@@ -654,6 +660,8 @@ def test_a_checkpoint_written_again_at_the_same_path_is_answered_again(tmp_path,
     assert ce.main(argv) == 0 and ce.main(argv) == 0 and loads == runs[:1] * 2 + [str(hf)]
     (hf / "model.safetensors").write_bytes(b"w2 longer")            # exported again with --overwrite
     assert ce.main(argv) == 0 and loads == runs[:1] * 2 + [str(hf)] * 2
+    argv[1] = "org/chat-model"                                      # a hub name: named by itself (before: a traceback)
+    assert ce.main(argv) == 0 and ce.main(argv) == 0 and loads[-1:] == ["org/chat-model"] and len(loads) == 5
 
 
 def test_a_reply_with_a_lone_surrogate_is_repaired_and_cached(tmp_path, judge_server):
