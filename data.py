@@ -24,6 +24,7 @@ import socket
 import struct
 import tempfile
 import time
+import weakref
 from functools import lru_cache
 
 import numpy as np
@@ -69,6 +70,25 @@ def lock_file(path, refusal):
     return f
 
 
+PREPARING = weakref.WeakValueDictionary()   # folder -> this process's lock on it, while a preparation holds it
+
+
+def lock_preparation(out_dir):
+    """Make out_dir and lock it (out_dir/.prepare.lock, lock_file) while the caller holds the returned file: a second
+    process preparing into it is refused instead of writing over its shards. This process's own earlier lock there, kept
+    alive only by the traceback of a preparation that failed, is let go."""
+    if (held := PREPARING.get(os.path.realpath(out_dir))) is not None:
+        held.close()
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        lock = lock_file(os.path.join(out_dir, ".prepare.lock"), f"{out_dir} is being prepared by another process "
+                         "({holder}); wait for it to finish")
+    except OSError as e:
+        raise SystemExit(f"error: --out_dir {out_dir}: {one_line(e)}") from None
+    PREPARING[os.path.realpath(out_dir)] = lock
+    return lock
+
+
 def _package_file(package, *parts):  # a file an installed package ships, found without importing it (or None)
     spec = importlib.util.find_spec(package)
     path = spec and spec.submodule_search_locations and os.path.join(spec.submodule_search_locations[0], *parts)
@@ -85,7 +105,9 @@ def _cache_gpt2_ranks():
             data = f.read()
         if hashlib.sha256(data).hexdigest() == GPT2_SHA256:
             os.makedirs(cache, exist_ok=True)
-            write_atomic(target, data)
+            with tempfile.NamedTemporaryFile(dir=cache, delete=False) as f:     # its own name: processes may race here
+                f.write(data)
+            os.replace(f.name, target)
 
 
 @lru_cache(maxsize=None)
@@ -261,7 +283,7 @@ def remove_preparation(data_dir):
     """--overwrite: remove the folder's manifest and every shard file (.bin, .bin.mask and their .tmp), whatever
     their prefix and whichever command wrote them."""
     for f in os.listdir(data_dir):
-        if f.endswith((".bin", ".bin.mask", ".bin.tmp", ".bin.mask.tmp", MANIFEST, MANIFEST + ".tmp")):
+        if f in (MANIFEST, MANIFEST + ".tmp") or f.endswith((".bin", ".bin.mask", ".bin.tmp", ".bin.mask.tmp")):
             os.remove(os.path.join(data_dir, f))
 
 

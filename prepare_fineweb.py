@@ -20,7 +20,8 @@ import numpy as np
 
 from data import (
     DATASET, DTYPES, MANIFEST, VERSION, HFTokenizer, _builder, _strays, get_tokenizer, kjv_path, load_manifest,
-    one_line, open_sources, read_shard, remove_preparation, tokenizer_fingerprint, write_atomic, write_shard)
+    lock_preparation, one_line, open_sources, read_shard, remove_preparation, tokenizer_fingerprint, write_atomic,
+    write_shard)
 
 
 BATCH_DOCS = 1024  # documents read, and tokenised by one thread, at a time
@@ -93,10 +94,6 @@ def open_folder(out_dir, config, enc, overwrite):
     """The folder's manifest to resume (complete: nothing to do), or a new one; what a kill left is removed, and
     anything else that does not belong to this preparation is refused in one line."""
     prefix, val_tokens = config["prefix"], config["val_tokens"]
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as e:
-        raise SystemExit(f"error: --out_dir {out_dir}: {one_line(e)}") from None
     if overwrite:
         remove_preparation(out_dir)
     if m := load_manifest(out_dir, lambda m: m.get("complete") or {"source", "state", "skip", "tokens", "next"} <=
@@ -141,6 +138,7 @@ def prepare(out_dir, *, inputs=None, name=None, text_field="text", tokenizer="gp
               "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
               "tokenizer_fingerprint": tokenizer_fingerprint(enc), "dtype": dtype.name, "prefix": prefix,
               "shard_tokens": shard_tokens, "val_tokens": val_tokens, "max_tokens": max_tokens}
+    lock = lock_preparation(out_dir)  # noqa: F841 (held until this returns)
     m = open_folder(out_dir, config, enc, overwrite)
     if m["complete"]:
         return m

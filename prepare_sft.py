@@ -25,8 +25,8 @@ import numpy as np
 
 from conversations import HEADERS, MASK_TOKENIZER, START, chat_template, render, render_template
 from data import (
-    MANIFEST, get_tokenizer, load_manifest, one_line, open_sources, remove_preparation, tokenizer_fingerprint,
-    write_atomic, write_shard)
+    MANIFEST, get_tokenizer, load_manifest, lock_preparation, one_line, open_sources, remove_preparation,
+    tokenizer_fingerprint, write_atomic, write_shard)
 
 
 DEFAULT_DATASET = "allenai/tulu-v2-sft-mixture"
@@ -155,10 +155,7 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
               "eot_token": enc.eot_token, "tokenizer_fingerprint": tokenizer_fingerprint(enc), "chat_template": "ours"
               if template is None else hashlib.sha256(json.dumps(template).encode()).hexdigest()[:16],
               "seq_len": seq_len, "val_conversations": val_conversations, "shard_conversations": shard_conversations}
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as e:
-        raise SystemExit(f"error: --out_dir {out_dir}: {one_line(e)}") from None
+    lock = lock_preparation(out_dir)  # noqa: F841 (held until this returns)
     manifest_path = os.path.join(out_dir, MANIFEST)
     ours = lambda: [f for f in os.listdir(out_dir)  # noqa: E731 (our shard names, nothing else of the folder)
                     if re.fullmatch(r"sft_(val|train)_\d{6}\.bin(\.mask)?(\.tmp)?", f)]

@@ -95,8 +95,9 @@ def test_gpt2_offline_through_tiktokens_own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(tiktoken.load, "read_file", lambda url: pytest.fail(f"download attempted: {url}"))
     D.get_tokenizer.cache_clear()
-    enc = D.get_tokenizer("gpt2")
     cached = tmp_path / hashlib.sha1(D.R50K_URL.encode()).hexdigest()
+    (tmp_path / (cached.name + ".tmp")).mkdir()      # another process's temporary name (before: the one every process
+    enc = D.get_tokenizer("gpt2")                    # used, so processes starting at once failed)
     assert hashlib.sha256(cached.read_bytes()).hexdigest() == D.GPT2_SHA256
     assert (enc.name, enc.n_vocab, enc.eot_token) == ("gpt2", 50257, 50256)
     assert enc.encode_ordinary("Hello world") == [15496, 995] and D.get_tokenizer("gpt2") is enc
@@ -516,7 +517,7 @@ def test_refuses_other_arguments_rerun_is_noop_overwrite_restarts(tmp_path, monk
     assert before == {p: os.stat(p).st_mtime_ns for p in glob.glob(os.path.join(out, "*"))}
     out, m2 = run(tmp_path, overwrite=True, shard_tokens=1000)
     assert m2["complete"] and {s["num_tokens"] for s in m2["shards"][1:-1]} == {1000}
-    assert sorted(os.listdir(out)) == sorted([s["file"] for s in m2["shards"]] + ["manifest.json"])
+    assert sorted(os.listdir(out)) == sorted([s["file"] for s in m2["shards"]] + ["manifest.json", ".prepare.lock"])
 
 
 # --------------------------------------------------------------------------- errors
@@ -623,15 +624,33 @@ def test_overwrite_removes_either_tools_preparation(tmp_path):
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
     chats = write_jsonl(tmp_path / "chats.jsonl", [chat] * 3, field="messages")
     out, _ = run(tmp_path)
+    open(os.path.join(out, "run_manifest.json"), "w").write("{}")                     # a user's file: kept
     open(os.path.join(out, "fineweb_train_000009.bin.tmp"), "wb").write(b"partial")   # what a kill leaves
     m = prepare_sft.prepare(out, inputs=[chats], tokenizer="bytes", val_conversations=1, overwrite=True,
                             log=lambda s: None)
     assert sorted(os.listdir(out)) == sorted([f for s in m["shards"] for f in (s["file"], s["mask"])] +
-                                             ["manifest.json"])
+                                             ["manifest.json", ".prepare.lock", "run_manifest.json"])
     assert len(D.list_shards(out, "train")) == 1
     open(os.path.join(out, "sft_train_000009.bin.mask.tmp"), "wb").write(b"partial")
     out, m = run(tmp_path, overwrite=True)
-    assert sorted(os.listdir(out)) == sorted([s["file"] for s in m["shards"]] + ["manifest.json"])
+    assert sorted(os.listdir(out)) == sorted([s["file"] for s in m["shards"]] + ["manifest.json", ".prepare.lock",
+                                                                                   "run_manifest.json"])
+
+
+def test_a_second_preparation_into_the_same_folder_is_refused(tmp_path):
+    """(Before: two at once wrote over each other's shards, and the folder ended complete with duplicated tokens.)"""
+    import prepare_sft
+    out, m = run(tmp_path)
+    other = subprocess.Popen([sys.executable, "-c", "import data, sys; lock = data.lock_preparation(sys.argv[1]); "
+                              "print(1, flush=True); sys.stdin.read()", out], cwd=HERE, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+    assert other.stdout.readline() == b"1\n"                                     # it holds the folder
+    chats = write_jsonl(tmp_path / "chats.jsonl", [[{"role": "user", "content": "a"}]], field="messages")
+    for prepare in (lambda: run(tmp_path, overwrite=True), lambda: prepare_sft.prepare(out, inputs=[chats])):
+        with pytest.raises(SystemExit, match=f"^error: {out} is being prepared by another process .pid {other.pid}"):
+            prepare()
+    other.communicate(b"")                                                         # it ends: the folder is free
+    assert run(tmp_path)[1] == m
 
 
 # --------------------------------------------------------------------------- end to end, benchmark
