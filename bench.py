@@ -27,7 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 
 import torch
 import torch.nn.functional as F
@@ -239,8 +239,10 @@ def start_shape(cfg, path):
     if ckpts := list_checkpoints(run):
         return LlamaConfig(**load_checkpoint(ckpts[-1][1])["model_config"])
     for other in sorted(glob.glob(os.path.join(os.path.dirname(path), "*.py"))):
-        if (source := load_config([other])).out_dir == run and not source.init_from:
-            return model_config(source)
+        if run in open(other).read():                   # only a file that names the run is read (run) as a config
+            with suppress(SystemExit):
+                if (source := load_config([other])).out_dir == run and not source.init_from:
+                    return model_config(source)
     raise SystemExit(f"error: {path}: init_from {cfg.init_from!r} is not here, and no config beside {path} trains it: "
                      "set its shape (model, n_layer, ...) in the config to estimate it")
 
@@ -282,6 +284,12 @@ def memory_table(args):
             print(f"  {path}: under 10% margin; needs {' or '.join(fits) or 'more GPUs (FSDP) or a shorter seq_len'}")
 
 
+def gib(text):
+    if not (value := float(text)) > 0 or value == float("inf"):          # nan, 0, negative: argparse's one line
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.error = lambda message: sys.exit(f"error: {message}")      # one line and exit status 1, as every user error
@@ -307,7 +315,7 @@ def parse_args(argv=None):
     p.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=None, help="--memory: default, the config's")
     p.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=None,
                    help="--memory: activation checkpointing (default, the config's)")
-    p.add_argument("--gpu_gib", type=float, default=79.6, help="--memory: a GPU's memory (an 80 GB H100: 79.6 GiB)")
+    p.add_argument("--gpu_gib", type=gib, default=79.6, help="--memory: a GPU's memory (an 80 GB H100: 79.6 GiB)")
     p.add_argument("--loss_chunk", type=int_at_least(1), default=1024,
                    help="--memory_probe: positions per chunk of the loss")
     p.add_argument("--threads", type=int_at_least(0), default=0, help="CPU threads (0: torch's default)")

@@ -38,14 +38,14 @@ work, summary = sys.argv[1:]
 text = lambda name: open(f"{work}/{name}.txt").read() if os.path.exists(f"{work}/{name}.txt") else ""
 def log(run):
     return [json.loads(l) for l in open(f"{work}/{run}/log.jsonl") if '"loss"' in l]
-def est(config):                                     # bench.py --memory: the total column, GiB
-    line = next(l for l in text("estimate").splitlines() if l.startswith(config + " "))
-    return float(line.split()[-2])
+def est(config):                                     # bench.py --memory: the total column, GiB, or n/a
+    line = next((l for l in text("estimate").splitlines() if l.startswith(config + " ")), None)
+    return f"{float(line.split()[-2]):.1f}" if line else "n/a"
 def train_row(run, what, first):
     recs = [r for r in log(run) if r["step"] > first]
     return (f"steps {recs[0]['step']}-{recs[-1]['step']}, {statistics.median(r['tok_per_s'] for r in recs):,.0f} "
             f"tok/s, MFU {statistics.median(r['mfu'] or 0 for r in recs):.3f}, peak "
-            f"{max(r['mem_gb'] for r in recs) / 1.0737:.1f} GiB (estimate {est(what):.1f})")
+            f"{max(r['mem_gb'] for r in recs) / 1.0737:.1f} GiB (estimate {est(what)})")
 rows = [("device", text("device").strip())]
 runs = [("170m", "DDP x GPUs, compile, bf16", 5), ("170m_jreg", "DDP x GPUs, compile, bf16", 5),
         ("1b", "FSDP2, compile, bf16, accumulation 4, resumed at 10", 12)]
@@ -73,8 +73,9 @@ for name, n in (("rand_val_000000.bin", 2_000_000), ("rand_train_000001.bin", 50
     write_shard(f"{d}/{name}", rng.integers(0, 50257, n), tokenizer="gpt2", vocab_size=50257, eot_token=50256)
 write_manifest(d, {"rand_val_000000.bin": "val", "rand_train_000001.bin": "train"})
 PY
-  python bench.py --memory configs/1b.py configs/170m.py configs/170m_jreg.py --world "$NGPU" --gpu_gib "$GPU_GIB" \
-      > "$WORK/estimate.txt"
+  for config in configs/1b.py configs/170m.py configs/170m_jreg.py; do   # one at a time: a config whose batch
+    python bench.py --memory "$config" --world "$NGPU" --gpu_gib "$GPU_GIB" 2>&1   # the GPUs do not divide fails alone
+  done > "$WORK/estimate.txt"
 }
 
 COMMON=(--data_dir="$WORK/data" --warmup_steps=5 --eval_batches=2)
@@ -83,10 +84,10 @@ for step in $STEPS; do
     1) run bench_170m python bench.py --preset 170m --device cuda --compile --dtype bfloat16 --micro_batch 16 \
            --seq_len 2048 --warmup 5 --repeats 10 ;;
     2) data
-       for cfg in 170m 170m_jreg; do                  # 2 micro-batches of 16 x 2048 per GPU a step
+       for cfg in 170m 170m_jreg; do                  # 2 micro-batches of 32 x 2048 (the config's) per GPU a step
          rm -rf "${WORK:?}/$cfg"
          run "$cfg" torchrun --standalone --nproc_per_node="$NGPU" train.py "configs/$cfg.py" "${COMMON[@]}" \
-             --out_dir="$WORK/$cfg" --batch_tokens=$((2 * 16 * 2048 * NGPU)) --max_steps=20 --eval_interval=10 \
+             --out_dir="$WORK/$cfg" --batch_tokens=$((2 * 32 * 2048 * NGPU)) --max_steps=20 --eval_interval=10 \
              --ckpt_interval=20
        done ;;
     3) data

@@ -185,6 +185,9 @@ def test_memory_table_of_configs_and_what_does_not_fit(capsys):
     assert "under 10% margin; needs activation_checkpointing=True" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="error: configs/170m.py: batch_tokens"):
         bench.main(["--memory", "configs/170m.py", "--world", "3"])
+    for bad in ("0", "-5", "nan", "inf"):                     # (before: a ZeroDivisionError, or a margin of 674%)
+        with pytest.raises(SystemExit, match=f"error: argument --gpu_gib: must be a finite number > 0, got {bad}"):
+            bench.main(["--memory", "configs/170m.py", "--gpu_gib", bad])
 
 
 def test_memory_table_of_a_fine_tuning_config_uses_the_shape_it_starts_from(capsys, tmp_path):
@@ -194,5 +197,7 @@ def test_memory_table_of_a_fine_tuning_config_uses_the_shape_it_starts_from(caps
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("configs/")]
     assert rows[0][:2] == ["configs/sft_3.4b_jreg.py", "FSDP"] and float(rows[0][-2]) > 20   # 3.4B weights, not 170M
     (tmp_path / "sft.py").write_text("init_from = 'out/nowhere'\n")
+    (tmp_path / "script.py").write_text("raise RuntimeError('a script beside it was run')\n")   # never run
+    (tmp_path / "other.py").write_text("out_dir = 'out/nowhere'\nmc = 1\n")                  # names it, no config
     with pytest.raises(SystemExit, match="error: .*sft.py: init_from 'out/nowhere' is not here, and no config beside"):
         bench.main(["--memory", str(tmp_path / "sft.py"), "--world", "8"])
