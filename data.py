@@ -107,6 +107,7 @@ def _cache_gpt2_ranks():
             os.makedirs(cache, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=cache, delete=False) as f:     # its own name: processes may race here
                 f.write(data)
+            os.chmod(f.name, 0o644)                                            # readable by all, as tiktoken's own
             os.replace(f.name, target)
 
 
