@@ -119,7 +119,8 @@ def read_config_file(path):
                                                 or type(v).__name__ == "module")}
 
 
-PAIRS = {"epochs": "max_steps", "max_steps": "epochs", "warmup_ratio": "warmup_steps", "warmup_steps": "warmup_ratio"}
+PAIRS = (("epochs", "max_steps"), ("warmup_ratio", "warmup_steps"))    # the first, when > 0, sets the second
+OTHER = {a: b for pair in PAIRS for a, b in (pair, pair[::-1])}
 
 
 def load_config(argv):
@@ -144,8 +145,8 @@ def load_config(argv):
                 value = text                                     # reported as a wrong type below
             layer = {key: (value, "(from the command line)")}
         for key in layer:
-            if PAIRS.get(key) not in layer:
-                values.pop(PAIRS.get(key), None)
+            if OTHER.get(key) not in layer:
+                values.pop(OTHER.get(key), None)
         values.update(layer)
     for key, (value, where) in values.items():
         ftype = types.get(key)
@@ -156,7 +157,7 @@ def load_config(argv):
         if value is not None and type(value) is not ftype:
             fail(f"config key {key!r}: expected {ftype.__name__}, got {type(value).__name__} {value!r} {where}")
         values[key] = value
-    for key, other in (("epochs", "max_steps"), ("warmup_ratio", "warmup_steps")):
+    for key, other in PAIRS:
         if values.get(key) and other in values:
             fail(f"{key} = {values[key]} sets {other}, which is set too ({values[other]}): set one of them")
     cfg = Config(**values)
