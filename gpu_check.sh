@@ -5,7 +5,8 @@
 #   3. 1B under FSDP2 (compile, bf16, gradient accumulation, sharded checkpoints): 10 steps, a resume to 20,
 #      its peak memory beside bench.py --memory's estimate;
 #   4. 170M, compile + bf16: the loss with full fp32 logits vs chunked, speed and peak memory beside the estimate;
-#   5. 3.4B: one micro-batch forward + backward (eager, bf16), its peak beside the estimate.
+#   5. 3.4B: one micro-batch (4 x 2048, or 2 x 2048 under 100 GiB) forward + backward (eager, bf16), its peak beside
+#      the estimate.
 # Each step runs under a time limit (STEP_S seconds, default 240); a step that fails or runs out is said, with the
 # end of its log, and the next one runs. After every step $OUT/summary.md holds the table of what has finished, and
 # $OUT/gpu_check.log every step's output; the random data and the run folders (tens of GB) go to $WORK.
@@ -98,7 +99,8 @@ for step in $STEPS; do
        run 1b_resume torchrun --standalone --nproc_per_node="$NGPU" train.py "${B1[@]}" --max_steps=20 ;;
     4) run probe_170m python bench.py --memory_probe --preset 170m --device cuda --compile --dtype bfloat16 \
            --micro_batch 16 --seq_len 2048 --warmup 3 --repeats 10 ;;
-    5) run probe_3.4b python bench.py --memory_probe --preset 3.4b --device cuda --dtype bfloat16 --micro_batch 4 \
+    5) MB=$(python -c "print(4 if $GPU_GIB > 100 else 2)")  # 4 x 2048 with full logits: ~76 GiB, too near 80
+       run probe_3.4b python bench.py --memory_probe --preset 3.4b --device cuda --dtype bfloat16 --micro_batch "$MB" \
            --seq_len 2048 --warmup 1 --repeats 2 ;;
     *) echo "error: STEPS: no step $step (1-5)" >&2; exit 1 ;;
   esac

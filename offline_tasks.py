@@ -61,7 +61,8 @@ def main(argv=None):
     p.add_argument("out_dir", help="the folder to write (evaluate.py --data_dir OUT_DIR)")
     out_dir = p.parse_args(argv).out_dir
     for task, m in make_offline_tasks(out_dir).items():
-        print(f"{task}: {m['n']} documents, {m['split']} split -> {os.path.join(out_dir, task)}")
+        where = os.path.join(out_dir, task + (".jsonl" if task == "lambada_openai" else ""))
+        print(f"{task}: {m['n']} documents, {m['split']} split -> {where}")
 
 
 if __name__ == "__main__":
