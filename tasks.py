@@ -19,7 +19,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
-from data import one_line
+from data import HFTokenizer, one_line
 from profiles import forward_streams, readout
 from runs import hf_max_length
 
@@ -166,16 +166,18 @@ def local_task_path(task, data_dir):
 
 def load_task(task, data_dir=None, limit=None):
     """The first `limit` documents of the split the harness evaluates, built into requests. With data_dir, a
-    manifest.json there (written by offline_tasks.py) names the split each task's data actually holds."""
+    manifest.json there (written by offline_tasks.py) names the split each task's data actually holds, and how the
+    data differs from the harness's where it does (its "variant", reported with the split)."""
     import datasets
-    spec = TASKS[task]
+    spec, entry = TASKS[task], {}
     split, source = spec.split, f"{spec.path}/{spec.config}" if spec.config else spec.path
     try:
         if data_dir:
             source = local_task_path(task, data_dir)
             if os.path.exists(manifest := os.path.join(data_dir, "manifest.json")):
                 with open(manifest) as f:
-                    split = json.load(f).get(task, {}).get("split", split)
+                    entry = json.load(f).get(task, {})
+                split = entry.get("split", split)
             if os.path.isdir(source):
                 ds = datasets.load_from_disk(source)
                 if isinstance(ds, datasets.DatasetDict):
@@ -197,43 +199,47 @@ def load_task(task, data_dir=None, limit=None):
         built = [build_doc(task, r) for r in rows]
     except (KeyError, ValueError, TypeError, SyntaxError) as e:
         raise SystemExit(f"error: task {task}: a document of {source} is not in the hub's schema ({one_line(e)})")
-    return TaskData(task, source, split, rows, built)
+    return TaskData(task, source, split + (f" ({entry['variant']})" if "variant" in entry else ""), rows, built)
 
 
 class ModelLM:
-    """Our Llama with its tokenizer (tiktoken, or a model's own HFTokenizer): encode(str) -> ids (no BOS), special-token
-    text read as its token as the harness does; logits(tokens) -> fp32 [B, T, V]."""
+    """Our Llama with its tokenizer, encoded as the harness encodes: encode(str) -> ids; logits(tokens) -> fp32
+    [B, T, V]. tiktoken: no BOS, special-token text read as its token, EOT the prefix of an empty context. A Hugging
+    Face tokenizer (a run's data.HFTokenizer, or HFModelLM's own) as HFLM: its default add_special_tokens, BOS (else
+    EOS) the prefix."""
 
-    def __init__(self, model, tokenizer, name="model"):
+    def __init__(self, model, tokenizer, name="model", max_length=None, hf=None):
         self.model, self.tokenizer, self.name = model.eval(), tokenizer, name
-        self.max_length = model.config.max_seq_len
-        self.eot = self.prefix_token = tokenizer.eot_token    # the context of an empty-context request, as the harness
+        self.max_length = max_length or model.config.max_seq_len
         self.device = next(model.parameters()).device
+        self.hf = hf or (tokenizer.hf if isinstance(tokenizer, HFTokenizer) else None)
+        if self.hf is None:
+            self.eot = self.prefix_token = tokenizer.eot_token
+            return
+        self.eot, bos = self.hf.eos_token_id, self.hf.bos_token_id
+        self.prefix_token = bos if bos is not None else self.eot
+        self._bos_text = self.hf.decode(self.prefix_token) if self.prefix_token is not None else None
 
     def encode(self, text, add_special_tokens=None):
-        return self.tokenizer.encode(text, allowed_special="all")
+        """Hugging Face: the tokenizer's default add_special_tokens (the harness's, add_bos_token unset), but no second
+        BOS."""
+        if self.hf is None:
+            return self.tokenizer.encode(text, allowed_special="all")
+        if add_special_tokens is None and self._bos_text is not None and text.startswith(self._bos_text):
+            add_special_tokens = False
+        kwargs = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
+        return self.hf.encode(text, **kwargs)
 
     def logits(self, tokens):
         return self.model(tokens.to(self.device)).logits.float()
 
 
 class HFModelLM(ModelLM):
-    """A transformers causal LM, encoded and called as the harness's HFLM does (model(ids).logits, no mask)."""
+    """A transformers causal LM with its tokenizer, encoded and called as the harness's HFLM does (model(ids).logits,
+    no mask)."""
 
     def __init__(self, model, tokenizer, name="hf", max_length=None):
-        self.model, self.tokenizer, self.name = model.eval(), tokenizer, name
-        self.max_length = max_length or hf_max_length(model.config, tokenizer)
-        self.eot = tokenizer.eos_token_id
-        self.prefix_token = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-        self._bos_text = tokenizer.decode(self.prefix_token) if self.prefix_token is not None else None
-        self.device = next(model.parameters()).device
-
-    def encode(self, text, add_special_tokens=None):
-        """The tokenizer's default add_special_tokens (the harness's, add_bos_token unset), but no second BOS."""
-        if add_special_tokens is None and self._bos_text is not None and text.startswith(self._bos_text):
-            add_special_tokens = False
-        kwargs = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
-        return self.tokenizer.encode(text, **kwargs)
+        super().__init__(model, tokenizer, name, max_length or hf_max_length(model.config, tokenizer), hf=tokenizer)
 
 
 def encode_pair(lm, context, continuation):

@@ -768,14 +768,23 @@ def hf_tokenizer_with_bos():
     return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>", bos_token="<s>")
 
 
-def test_oracle_lm_evaluation_harness(tmp_path, data_dir):
+@pytest.mark.parametrize("which", ["hf", "run"])
+def test_oracle_lm_evaluation_harness(tmp_path, data_dir, which):
+    """hf: a transformers model (--hf); run: our Llama in a Hugging Face tokenizer, as evaluate.py loads a run folder
+    of a retrofit (before: scored with EOS, not BOS, as the prefix and no BOS in front of each request)."""
     from lm_eval.api.instance import Instance                   # in requirements-dev.txt: a missing one fails
     from lm_eval.models.huggingface import HFLM
     tok = hf_tokenizer_with_bos()
-    model = tiny_hf_llama(len(tok), max_position_embeddings=256)
     max_length = 40                                              # BoolQ, RACE and LAMBADA get left-truncated
+    if which == "hf":
+        model = tiny_hf_llama(len(tok), max_position_embeddings=256)
+        ours = TK.HFModelLM(model, tok, max_length=max_length)
+    else:
+        torch.manual_seed(0)
+        mine = Llama(LlamaConfig(vocab_size=len(tok), n_layer=3, n_head=2, n_kv_head=1, d_model=32, ffn_hidden=64,
+                                 max_seq_len=max_length, init_std=0.2)).eval()
+        model, ours = mine.to_hf().eval(), TK.ModelLM(mine, D.HFTokenizer(tok))
     harness = HFLM(pretrained=model, tokenizer=tok, batch_size=3, max_length=max_length)
-    ours = TK.HFModelLM(model, tok, max_length=max_length)
     assert ours.encode("Question: what") == harness.tok_encode("Question: what")
     assert ours.encode("Question: what")[0] == tok.bos_token_id
     # raw requests at the edges: trailing whitespace, a token across the join, an empty context, a BOS prefix
@@ -991,7 +1000,10 @@ def test_offline_tasks_folder_is_read_with_its_split(tmp_path):
     assert manifest["sciq"]["split"] == "validation" and manifest["lambada_openai"]["n"] == 1
     for task in manifest:
         data = TK.load_task(task, str(tmp_path / "out"))
-        assert data.split == manifest[task]["split"] and len(data.built) == manifest[task]["n"]
+        assert data.split.startswith(manifest[task]["split"]) and len(data.built) == manifest[task]["n"]
+    # BoolQ's copy is not the harness's prompts (no "Title -- "): said with the split (before: plain "validation")
+    assert TK.load_task("boolq", str(tmp_path / "out")).split == f"validation ({offline_tasks.BOOLQ})"
+    assert TK.load_task("piqa", str(tmp_path / "out")).split == "validation"
     assert TK.load_task("lambada_openai", str(tmp_path / "out")).built[0]["continuations"] == [" mat"]
 
 
