@@ -1,6 +1,9 @@
 """Test-suite policy: a skipped test is a check that did not run, so it fails the run unless the test is marked
 `@pytest.mark.allow_skip` (for a reason the README names, e.g. needing a GPU). A missing package of
-requirements-dev.txt therefore fails the suite instead of quietly switching a check off."""
+requirements-dev.txt therefore fails the suite instead of quietly switching a check off. A test that leaves a file
+in the repository's folder (a default output path in the working directory) fails the run too."""
+import os
+
 import pytest
 import torch
 
@@ -19,8 +22,16 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "allow_skip: this test may skip (e.g. it needs a GPU)")
 
 
+def pytest_sessionstart(session):
+    session.config.files_before = set(os.listdir(session.config.rootpath))
+
+
 def pytest_sessionfinish(session, exitstatus):
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    left = set(os.listdir(session.config.rootpath)) - session.config.files_before - {".pytest_cache", "__pycache__"}
+    if left and exitstatus == pytest.ExitCode.OK:
+        reporter.write_line(f"FAILED: the tests left {', '.join(sorted(left))} in {session.config.rootpath}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     skipped = [r for r in (reporter.stats.get("skipped", []) if reporter else [])
                if "allow_skip" not in getattr(r, "keywords", {})]
     if skipped and exitstatus == pytest.ExitCode.OK:
