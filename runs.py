@@ -280,7 +280,7 @@ def check_resume(cfg, mcfg, ckpt, path, data_id):
     wrong = {k: c for k, c in changed.items() if k not in free}
     if ckpt.get("model_config") != dataclasses.asdict(mcfg):
         fail(f"checkpoint {path} is of another model: use another out_dir or the same model")
-    if "micro_batch" in changed and "eval_batches" not in changed and cfg.eval_interval:
+    if "micro_batch" in changed and "eval_batches" not in changed:    # even with eval off now: the checkpoint keeps it
         n, (was, now) = old["eval_batches"] * old["micro_batch"], changed["micro_batch"]
         fail(f"micro_batch {was} -> {now} changes the validation set (eval_batches · micro_batch = {n} windows): "
              + (f"add --eval_batches={n // now} to keep it" if n % now == 0 else f"keep it with a micro_batch that "

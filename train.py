@@ -149,8 +149,9 @@ def evaluate(model, val_data, cfg, device, autocast, ddp):
         for x, y, real in val_data:
             x, y, real = x.to(device), y.to(device), real if real is None else real.to(device)
             out = model(x, y)
-            n = (y != -1).sum()
-            profile.add(out.hidden_states, out.final_hidden, mask=real, loss_sum=out.loss.float() * n, n_loss=n)
+            n = (y != -1).sum()                                   # 0 in a micro-batch of padding windows only
+            profile.add(out.hidden_states, out.final_hidden, mask=real, n_loss=n,
+                        loss_sum=torch.where(n > 0, out.loss.float() * n, 0.0))
     model.train()
     p = profile.result(dist.all_reduce if ddp else None)
     key = "psi" + ("_normed" if cfg.jreg_final_norm else "") + ("_skip_first" if cfg.jreg_skip_first else "")
@@ -224,14 +225,14 @@ def main(argv):
     train_data, (vx, vy, vreal) = data_streams(cfg, mcfg.vocab_size,
                                                cfg.eval_batches * cfg.micro_batch if cfg.eval_interval else 0)
     data_id = data_identity(cfg.data_dir)
-    n_val = len(vx) // world * world
-    if cfg.eval_interval and n_val == 0 and cfg.eval_batches * cfg.micro_batch < world:
-        fail(f"eval_batches · micro_batch = {cfg.eval_batches * cfg.micro_batch} validation window"
-             f"{'s' * (cfg.eval_batches * cfg.micro_batch > 1)}, fewer than the {world} processes: raise eval_batches")
-    if cfg.eval_interval and n_val == 0:
-        fail(f"{cfg.data_dir}: the val split holds fewer than {world} windows of {cfg.seq_len + 1} tokens")
-    part = lambda t, i: None if t is None else t[:n_val][rank::world][i:i + cfg.micro_batch]   # strided over ranks
-    val_data = [tuple(part(t, i) for t in (vx, vy, vreal)) for i in range(0, n_val // world, cfg.micro_batch)]
+    if cfg.eval_interval and len(vx) == 0:
+        fail(f"{cfg.data_dir}: the val split holds no window of {cfg.seq_len + 1} tokens")
+    if pad := -len(vx) % world:      # every window on some rank, as many on each: the last padded with masked copies
+        vreal = torch.ones_like(vx, dtype=torch.bool) if vreal is None else vreal
+        vx, vy, vreal = (torch.cat([t, fill(t[:1].expand(pad, -1))]) for t, fill in
+                         ((vx, torch.clone), (vy, lambda t: torch.full_like(t, -1)), (vreal, torch.zeros_like)))
+    part = lambda t, i: None if t is None else t[rank::world][i:i + cfg.micro_batch]   # strided over ranks
+    val_data = [tuple(part(t, i) for t in (vx, vy, vreal)) for i in range(0, len(vx) // world, cfg.micro_batch)]
     if cfg.epochs:
         cfg.max_steps = max(1, math.ceil(cfg.epochs * train_data.per_epoch / seqs_per_step))
     if cfg.warmup_ratio:
