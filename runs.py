@@ -96,8 +96,10 @@ def publish(tmp, path, keep):
 
 
 def prune(out_dir, keep):
-    for _, old in list_checkpoints(out_dir)[:-keep]:
-        shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
+    """All but the newest `keep` checkpoints, and what killed saves left (.tmp), are deleted."""
+    left = [os.path.join(out_dir, n) for n in os.listdir(out_dir) if re.fullmatch(r"ckpt_\d+(\.pt)?\.tmp", n)]
+    for old in [path for _, path in list_checkpoints(out_dir)[:-keep]] + left:
+        shutil.rmtree(old, ignore_errors=True) if os.path.isdir(old) else os.remove(old)
 
 
 def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
@@ -105,6 +107,7 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
     writes the full (unsharded, uncompiled) state as one file; with sharded_ckpt each rank writes its own shard
     (torch.distributed.checkpoint) into a folder, in the background with async_ckpt. Either way it is written under a
     temporary name and renamed when whole. A model with a non-finite parameter is never saved."""
+    finish_checkpoint()                           # the save in flight first: it may be the last good checkpoint
     bad = torch.tensor(float(any(not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
                                  for p in model.parameters())))
     if dist.is_initialized():
@@ -113,7 +116,6 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
         last = list_checkpoints(cfg.out_dir)
         fail(f"non-finite parameters after step {step}: nothing saved. The last good checkpoint is "
              f"{last[-1][1] if last else '(none)'}; rerun to resume from it, with a lower lr or grad_clip")
-    finish_checkpoint()
     master = int(os.environ.get("RANK", 0)) == 0
     meta = {"model_config": dataclasses.asdict(model.config), "config": dataclasses.asdict(cfg),
             "tokenizer_tag": tokenizer_tag(cfg.tokenizer), "step": step,

@@ -197,6 +197,29 @@ def test_consecutive_bad_steps_stop_the_run_in_one_line(data_dir, tmp_path, monk
     assert [r["step"] for r in steps] == [1, 2, 5, 6] and steps[-1]["lr"] <= lr   # the advice can be followed
 
 
+def test_a_run_stopped_by_bad_steps_publishes_its_async_checkpoint(data_dir, tmp_path, monkeypatch):
+    """async_ckpt: the save of step 4 is still in flight when step 5 fails; it is published, named in the error and
+    resumed from. (Before: the error said "(none)" and ckpt_0000004.tmp was left, so a rerun started from step 0.)"""
+    nan_from_call(monkeypatch, 9)
+    with pytest.raises(SystemExit, match=r"at step 5 .*The last checkpoint is \S*ckpt_0000004:"):
+        run(data_dir, tmp_path, "--max_steps=8", "--eval_interval=0", "--ckpt_interval=4", "--max_bad_steps=0",
+            "--sharded_ckpt=True", "--async_ckpt=True")
+    monkeypatch.undo()
+    assert [s for s, _ in R.list_checkpoints(tmp_path)] == [4]
+    assert [r["step"] for r in run(data_dir, tmp_path, "--max_steps=5", "--eval_interval=0")[0]] == [1, 2, 3, 4, 5]
+
+
+def test_a_save_removes_what_killed_saves_left(data_dir, tmp_path):
+    """A killed save's ckpt_N.tmp/ (sharded) or ckpt_N.pt.tmp of another step goes at the next save. (Before: only
+    the same step's .tmp folder was removed; the others stayed for ever, a whole checkpoint's size each.)"""
+    (tmp_path / "ckpt_0000003.tmp").mkdir(parents=True)
+    (tmp_path / "ckpt_0000003.tmp" / "__0_0.distcp").write_text("x")
+    (tmp_path / "ckpt_0000001.pt.tmp").write_text("x")
+    run(data_dir, tmp_path, "--max_steps=2", "--eval_interval=0", "--ckpt_interval=2")
+    assert sorted(os.listdir(tmp_path)) == ["ckpt_0000002.pt", "config.json", "log.jsonl", "run.lock",
+                                            "run_info.json"]
+
+
 def cli(*args, cwd=HERE):
     return subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *args], capture_output=True, text=True,
                           cwd=cwd, timeout=120)

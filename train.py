@@ -197,6 +197,7 @@ def skip_step(cfg, step, seq_index, loss, grad_norm, lr, bad, log):
     max_bad_steps ends the run, naming the last checkpoint and a change that resume accepts."""
     loss, grad_norm = loss.item(), grad_norm.item()
     if bad > cfg.max_bad_steps:
+        finish_checkpoint()                                               # an async save in flight is published
         last = list_checkpoints(cfg.out_dir)
         fail(f"non-finite loss {loss} or gradient norm {grad_norm} at step {step} (data from sequence {seq_index}), "
              f"{bad} in a row (max_bad_steps = {cfg.max_bad_steps}); nothing of "
