@@ -127,7 +127,7 @@ def load_config(argv):
     """Config from `[config.py ...] [--key=value ...]`: defaults <- each config file and --key=value in turn; then
     checked. One that sets one of a pair (PAIRS: epochs or max_steps, warmup_ratio or warmup_steps) drops an earlier
     setting of the other; a config file that sets both is an error."""
-    types = {f.name: f.type for f in dataclasses.fields(Config)}
+    types, defaults = ({f.name: getattr(f, a) for f in dataclasses.fields(Config)} for a in ("type", "default"))
     values = {}
     for arg in argv:
         if not arg.startswith("--"):
@@ -154,7 +154,7 @@ def load_config(argv):
             fail(f"unknown config key {key!r} {where}")
         if ftype is float and type(value) is int:
             value = float(value)
-        if value is not None and type(value) is not ftype:
+        if (value is not None or defaults[key] is not None) and type(value) is not ftype:   # None: "the preset's"
             fail(f"config key {key!r}: expected {ftype.__name__}, got {type(value).__name__} {value!r} {where}")
         values[key] = value
     for key, other in PAIRS:
@@ -178,8 +178,10 @@ def check_config(cfg):
     need(cfg.seed < 2 ** 63, "seed", "must be below 2**63 (torch's seed)")
     for key in ("lr", "weight_decay", "grad_clip", "jreg_lambda", "jreg_alpha", "epochs", "warmup_ratio"):
         need(math.isfinite(getattr(cfg, key)) and getattr(cfg, key) >= 0, key, "must be a finite number >= 0")
-    for key in ("min_lr_ratio", "beta1", "beta2"):
-        need(0 <= getattr(cfg, key) <= 1, key, "must be in [0, 1]")
+    need(0 <= cfg.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
+    for key in ("beta1", "beta2"):
+        need(0 <= getattr(cfg, key) < 1, key, "must be in [0, 1) (AdamW's)")
+    need(cfg.dist_timeout_min <= 10 ** 9, "dist_timeout_min", "must be at most 10**9")
     need(cfg.seq_len >= 2 or not cfg.jreg_skip_first, "jreg_skip_first", "leaves Ψ no token of a 1-token window: "
          "use seq_len >= 2 or jreg_skip_first=False")
     need(cfg.model in PRESETS, "model", f"choose one of {sorted(PRESETS)}")

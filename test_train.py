@@ -266,6 +266,7 @@ def test_config_errors(data_dir, tmp_path):
     ("--max_bad_steps=-1", "'max_bad_steps' = -1"), ("--dist_timeout_min=0", "'dist_timeout_min' = 0"),
     ("--seed=-1", "'seed' = -1: must be 0 or more"), ("--rope_theta=0", "'rope_theta' = 0.0: must be > 0"),
     ("--device=mps", "MPS is not available here"), ("--wandb_project=x", "needs wandb"),
+    ("--beta1=1", "'beta1' = 1.0: must be in [0, 1)"), ("--dist_timeout_min=10000000000000", "'dist_timeout_min'"),
 ])
 def test_every_setting_is_checked_before_anything_is_written(data_dir, tmp_path, setting, message):
     """One `error:` line, exit status 1, no out_dir. (Before: tracebacks, some after a trained step, and
@@ -275,6 +276,17 @@ def test_every_setting_is_checked_before_anything_is_written(data_dir, tmp_path,
     text = str(e.value.code)
     assert text.startswith("error:") and message in text and "\n" not in text, text
     assert not os.path.exists(tmp_path / "o")
+
+
+def test_none_in_a_config_file_is_only_for_the_model_shape(tmp_path):
+    """None means "the preset's" for the shape's fields; elsewhere it is a wrong type. (Before: a traceback.)"""
+    for line, message in (("max_steps = None", "'max_steps': expected int, got NoneType"),
+                          ("lr = None", "'lr': expected float, got NoneType")):
+        (tmp_path / "c.py").write_text(line + "\n")
+        with pytest.raises(SystemExit, match=message):
+            CF.load_config([str(tmp_path / "c.py")])
+    (tmp_path / "c.py").write_text("n_layer = None\n")
+    assert CF.load_config([str(tmp_path / "c.py")]).n_layer is None
 
 
 def test_no_token_left_for_psi_is_refused_before_anything_is_written(data_dir, tmp_path):
