@@ -220,6 +220,24 @@ def test_a_save_removes_what_killed_saves_left(data_dir, tmp_path):
                                             "run_info.json"]
 
 
+def test_a_resume_goes_on_in_the_same_weights_and_biases_run(data_dir, tmp_path, monkeypatch):
+    """config.json keeps the run's id for its life, and wandb.init gets it. (Before: no id, so W&B opened a new run at
+    every start and resume.)"""
+    import importlib.machinery
+    import types
+    inits = []
+    wandb = types.ModuleType("wandb")
+    wandb.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+    wandb.init, wandb.log = lambda **kw: inits.append(kw), lambda *a, **kw: None
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    run(data_dir, tmp_path / "a", "--max_steps=2", "--eval_interval=0", "--wandb_project=p")
+    run(data_dir, tmp_path / "a", "--max_steps=3", "--eval_interval=0", "--wandb_project=p")
+    run(data_dir, tmp_path / "b", "--max_steps=1", "--eval_interval=0", "--wandb_project=p")
+    ids = [kw["id"] for kw in inits]
+    assert ids[0] == ids[1] == json.load(open(tmp_path / "a" / "config.json"))["run_id"] != ids[2]
+    assert all(kw["resume"] == "allow" and kw["project"] == "p" for kw in inits)
+
+
 def cli(*args, cwd=HERE):
     return subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *args], capture_output=True, text=True,
                           cwd=cwd, timeout=120)

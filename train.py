@@ -20,6 +20,7 @@ import shutil
 import signal
 import sys
 import time
+import uuid
 from contextlib import nullcontext
 from datetime import timedelta
 
@@ -120,15 +121,17 @@ def build(cfg, mcfg, device, bf16, init_sd):
 
 
 def write_records(cfg, mcfg, data_id, step, changed, device):
-    """config.json (settings and the history of starts and resumes), run_info.json, log.jsonl cut back to step."""
+    """config.json (settings, the run's id and the history of starts and resumes), run_info.json, log.jsonl cut back
+    to step. Returns the run id."""
     info = run_info(device)
     saved = os.path.join(cfg.out_dir, "config.json")
     old = json.load(open(saved)) if step and os.path.exists(saved) else {}
     history = old.get("history", []) + [{"step": step, "changed": changed, **{k: info[k] for k in (
         "argv", "time", "git_commit", "git_dirty", "torch", "device", "world_size")}}]   # run_info.json: the last start's
+    run_id = old.get("run_id") or uuid.uuid4().hex[:16]      # the run's for its life: its Weights & Biases run id
     write_atomic(saved, json.dumps({"config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg),
                                     "tokenizer": tokenizer_tag(cfg.tokenizer), "data_identity": data_id,
-                                    "history": history}, indent=2))
+                                    "run_id": run_id, "history": history}, indent=2))
     write_atomic(os.path.join(cfg.out_dir, "run_info.json"), json.dumps(info, indent=2))
     folder = os.path.join(cfg.out_dir, "tokenizer")
     if not step:                                        # a fresh start: no tokenizer of an earlier, killed attempt
@@ -139,6 +142,7 @@ def write_records(cfg, mcfg, data_id, step, changed, device):
     log_path = os.path.join(cfg.out_dir, "log.jsonl")
     kept = read_log(log_path, step) if step else []     # records past the checkpoint are redone
     write_atomic(log_path, "".join(json.dumps(r) + "\n" for r in kept))
+    return run_id
 
 
 def evaluate(model, val_data, cfg, device, autocast, ddp):
@@ -256,7 +260,7 @@ def main(argv):
         del ckpt
     log_path = os.path.join(cfg.out_dir, "log.jsonl")
     if master:
-        write_records(cfg, mcfg, data_id, step, changed, device)
+        run_id = write_records(cfg, mcfg, data_id, step, changed, device)
         print((f"resuming from {ckpts[-1][1]} at step {step}" + (f", changed: {changed}" if changed else "") + "\n"
                if step else "") + f"model {cfg.init_from or cfg.model}: {model.num_params() / 1e6:.1f}M parameters, "
               f"{mcfg.n_layer} layers | world {world} | grad_accum {grad_accum} | device {device} "
@@ -268,7 +272,7 @@ def main(argv):
     if cfg.wandb_project and master:
         import wandb
         wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None, config=dataclasses.asdict(cfg),
-                   resume="allow")
+                   id=run_id, resume="allow")                   # a resume goes on in the same W&B run
 
     def log(record, line=None):
         if master:
