@@ -384,8 +384,10 @@ def test_resume_keeps_the_validation_set_and_says_when_there_is_nothing_to_train
     run(data_dir, tmp_path, "--max_steps=4", "--eval_interval=2", "--micro_batch=2", "--eval_batches=8")
     assert read_log(tmp_path)[1][-1]["step"] == 4
     capsys.readouterr()
+    records = {n: open(tmp_path / n).read() for n in ("config.json", "run_info.json", "log.jsonl")}
     run(data_dir, tmp_path, "--max_steps=3", "--eval_interval=2", "--micro_batch=2", "--eval_batches=8")
     assert "the run is at step 4 (max_steps 3): nothing to train" in capsys.readouterr().out
+    assert records == {n: open(tmp_path / n).read() for n in records}   # (before: config.json said max_steps 3)
 
 
 def test_epochs_and_max_steps_are_not_both_set_and_epochs_may_grow_on_resume(tmp_path):

@@ -259,8 +259,9 @@ def main(argv):
         step, seq_index = ckpt["step"], ckpt["data_state"]["seq_index"]
         del ckpt
     log_path = os.path.join(cfg.out_dir, "log.jsonl")
-    if master:
+    if master and step < cfg.max_steps:       # (a run with nothing to train keeps its records as they are)
         run_id = write_records(cfg, mcfg, data_id, step, changed, device)
+    if master:
         print((f"resuming from {ckpts[-1][1]} at step {step}" + (f", changed: {changed}" if changed else "") + "\n"
                if step else "") + f"model {cfg.init_from or cfg.model}: {model.num_params() / 1e6:.1f}M parameters, "
               f"{mcfg.n_layer} layers | world {world} | grad_accum {grad_accum} | device {device} "
@@ -269,7 +270,7 @@ def main(argv):
             print(f"the run is at step {step} (max_steps {cfg.max_steps}): nothing to train; raise max_steps to "
                   "extend it")
     wandb = None
-    if cfg.wandb_project and master:
+    if cfg.wandb_project and master and step < cfg.max_steps:
         import wandb
         wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None, config=dataclasses.asdict(cfg),
                    id=run_id, resume="allow")                   # a resume goes on in the same W&B run
