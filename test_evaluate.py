@@ -311,6 +311,10 @@ def test_acc_acc_norm_ties_and_stderr():
     assert TK.mc_metrics([-6.0, -2.5], ["ééé", "ab"], 1)["acc_norm"] == 1.0    # by bytes it would pick index 0
     assert TK.mc_metrics([-2.0, -3.0], ["a", "abcdefgh"], 1) == {"acc": 0.0, "acc_norm": 1.0}
     assert TK.mc_metrics([-1.0, -2.0], ["a", "b"], 5) == {"acc": 0.0, "acc_norm": 0.0}   # gold out of range
+    doc = {"context": "Q", "continuations": [" a", " abcd"], "choices": ["a", "abcd"], "gold": 1}   # the choice's
+    res, _ = TK.task_metrics("piqa", TK.TaskData("piqa", "x", "validation", [{}], [doc]),     # length, not the
+                             [[(-1.1, False), (-4.0, False)]])                                # continuation's
+    assert (res["acc"], res["acc_norm"]) == (0.0, 1.0)
     mean, se = TK.mean_stderr([1, 0, 1, 1])
     assert mean == 0.75 and se == pytest.approx(np.std([1, 0, 1, 1], ddof=1) / 2)
     assert TK.mean_stderr([1.0])[1] is None

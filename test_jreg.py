@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from jreg import Profile, displacement, jreg_penalty, jump_rate, layer_weights, streams
+import config as CF
+from jreg import JregObjective, Profile, displacement, jreg_penalty, jump_rate, layer_weights, streams
 from model import Llama, LlamaConfig, PRESETS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -205,6 +206,40 @@ def test_init_is_depth_scaled():
     assert abs(std(model.layers[0].mlp.down_proj.weight) - 0.02 / 4) < 0.0005
     assert abs(std(model.layers[0].attn.o_proj.weight) - 0.02 / 4) < 0.0005
     assert torch.equal(model.norm.weight, torch.ones(128))
+    assert abs(std(model.tok_emb.weight) - 0.02) < 0.002 and abs(std(model.lm_head.weight) - 0.02) < 0.002
+
+
+def test_the_training_objective_honours_every_jreg_setting():
+    """JregObjective (train.py's penalty) = jreg_penalty and displacement on the streams its settings name: α, the
+    weighting, h_L raw or normed (a final-norm gain that turns h_L, as trained ones do), position 0, the mask."""
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(vocab_size=97, n_layer=3, n_head=4, n_kv_head=2, d_model=32, ffn_hidden=48,
+                              max_seq_len=32))
+    with torch.no_grad():
+        model.norm.weight.add_(0.3 * torch.randn(32))
+    idx = torch.randint(0, 97, (2, 10))
+    y, real = idx.roll(-1, 1), torch.ones(2, 10, dtype=torch.bool)
+    real[1, 6:] = False
+    for normed, skip, weighting, alpha in [(True, True, "depth", 3.0), (False, False, "last", 0.5),
+                                           (True, False, "index", 3.0)]:
+        cfg = CF.Config(jreg_lambda=1.0, jreg_alpha=alpha, jreg_weighting=weighting, jreg_final_norm=normed,
+                        jreg_skip_first=skip)
+        ce, penalty, psi = JregObjective(model, cfg)(idx, y, real)
+        hs = streams(model(idx, y), normed)
+        assert torch.allclose(psi, displacement(hs, mask=real, skip_first=skip), atol=1e-6)
+        assert torch.allclose(penalty, jreg_penalty(hs, alpha, weighting, mask=real, skip_first=skip), atol=1e-6)
+
+
+def test_a_cached_forward_without_positions_goes_on_after_the_cache():
+    from model import KVCache
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(vocab_size=97, n_layer=2, n_head=4, n_kv_head=2, d_model=32, ffn_hidden=48,
+                              max_seq_len=32)).eval()
+    idx = torch.randint(0, 97, (2, 12))
+    with torch.no_grad():
+        full, cache = model(idx).logits, KVCache(model.config, 2, 12, "cpu", torch.float32)
+        model(idx[:, :7], cache=cache)
+        assert torch.allclose(model(idx[:, 7:], cache=cache).logits, full[:, 7:], atol=1e-5)
 
 
 def test_presets_match_paper_parameter_counts():

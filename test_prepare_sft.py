@@ -446,6 +446,21 @@ def test_model_template_folder_packs(tmp_path):
     assert sorted(got) == want
 
 
+def test_packed_targets_are_the_masks_ones_and_each_epoch_is_reshuffled(tmp_path):
+    """The loss targets of an epoch are exactly the mask's 1s (a model template's START, 2, is not one), and the
+    next epoch packs the windows in another order."""
+    tok, convs = hf_tokenizer(tmp_path / "tok"), conversations(30, seed=3)
+    out, m = prep(tmp_path, convs, tokenizer=tok, seq_len=120)
+    s = CV.PackedStream(out, "train", 120, 5, tok, get_tokenizer(tok).n_vocab)
+    ones = sum(int((read_shard(os.path.join(out, e["mask"]))[0] == 1).sum()) for e in m["shards"]
+               if e["split"] == "train")
+    assert int((s.batch(0, s.per_epoch)[1] != -1).sum()) == ones
+    out, _ = prep(tmp_path, conversations(40, seed=1), out="bytes_out", seq_len=200)
+    s = CV.PackedStream(out, "train", 200, 7, "bytes", 300)
+    x = s.batch(0, 2 * s.per_epoch)[0]
+    assert not torch.equal(x[:s.per_epoch], x[s.per_epoch:])
+
+
 def test_hf_tokenizer_without_template_uses_ours(tmp_path):
     """An HF tokenizer without a chat template: our plain-text template on its ids (special-token text in a message is
     text), a mask of two values, conversations found by their leading eos as before."""

@@ -513,10 +513,50 @@ def test_data_order_is_deterministic_disjoint_and_resumable(data_dir):
     assert x.shape == (2, 64) and torch.equal(x[:, 1:], y[:, :-1])
 
 
+def test_shard_epochs_windows_and_the_validation_set(data_dir, tmp_path):
+    """Shards are visited in a new order each epoch; a shard whose length is a multiple of seq_len gives its full
+    windows only; the validation set is the val split's consecutive windows, each seq_len + 1 tokens, all full."""
+    s = D.ShardStream(data_dir, "train", 64, seed=0, tokenizer="bytes", vocab_size=320)
+    n = s.per_epoch
+    orders = {tuple(dict.fromkeys(s.position(k)[0] for k in range(e * n, (e + 1) * n))) for e in range(6)}
+    assert len(orders) > 1
+    D.write_shard(str(tmp_path / "t.bin"), np.arange(640) % 250, tokenizer="bytes", vocab_size=257, eot_token=256)
+    D.write_manifest(str(tmp_path), {"t.bin": "train"})
+    s = D.ShardStream(str(tmp_path), "train", 64, 0, "bytes", 320)
+    assert s.per_epoch == 9 and s.batch(0, 9)[0].shape == (9, 64)
+    tokens = np.concatenate(D.load_shards(data_dir, "val", "bytes", 320))
+    w = D.val_windows(data_dir, "bytes", 320, 64, 10_000)
+    assert len(w) == (len(tokens) - 1) // 64
+    assert np.array_equal(w[-1].numpy(), tokens[(len(w) - 1) * 64:len(w) * 64 + 1])
+
+
 def test_lr_schedule():
     cfg = CF.Config(lr=1.0, warmup_steps=10, max_steps=110, min_lr_ratio=0.1)
     assert train.lr_at(0, cfg) == pytest.approx(0.1) and train.lr_at(9, cfg) == pytest.approx(1.0)
     assert train.lr_at(60, cfg) == pytest.approx(0.55) and train.lr_at(110, cfg) == pytest.approx(0.1)
+    lrs = [train.lr_at(s, cfg) for s in range(120)]                  # the peak ends the warm-up, then never rises
+    assert max(lrs) == pytest.approx(1.0) and all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+
+
+def test_grad_clip_is_applied_and_a_nonfinite_gradient_skips_its_step(data_dir, tmp_path, monkeypatch):
+    """clip_grad_norm_ gets grad_clip; an infinite gradient norm with a finite loss (step 2) is skipped too."""
+    seen, clip = [], torch.nn.utils.clip_grad_norm_
+    def spy(params, max_norm, *a, **k):
+        seen.append(max_norm)
+        norm = clip(params, max_norm, *a, **k)
+        return torch.tensor(float("inf")) if len(seen) == 2 else norm
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    run(data_dir, tmp_path, "--max_steps=3", "--eval_interval=0", "--grad_clip=0.25")
+    assert seen == [0.25] * 3
+    assert [r["step"] for r in map(json.loads, open(tmp_path / "log.jsonl")) if "skipped" in r] == [2]
+
+
+def test_the_periodic_eval_reports_the_penalty_convention(data_dir, tmp_path):
+    """jreg_final_norm: the eval's Ψ_L is of the final-normed h_L, the layers below as the raw run's."""
+    _, raw = run(data_dir, tmp_path / "raw", "--max_steps=4", "--eval_interval=4")
+    _, normed = run(data_dir, tmp_path / "normed", "--max_steps=4", "--eval_interval=4", "--jreg_final_norm=True")
+    assert raw[-1]["psi"][:-1] == pytest.approx(normed[-1]["psi"][:-1], abs=1e-7)
+    assert abs(raw[-1]["psi"][-1] - normed[-1]["psi"][-1]) > 1e-5
 
 
 def test_weight_decay_spares_norms_and_embeddings_unless_asked(data_dir):
@@ -706,14 +746,16 @@ SFT = ["--seq_len=128", "--batch_tokens=1024", "--lr=1e-3", "--warmup_steps=0", 
        "--eval_interval=0", "--max_steps=3", "--ckpt_interval=3"]
 
 
-@pytest.mark.parametrize("micro_batch", [1, 2])
-def test_sft_loss_is_normalised_over_the_global_batch(data_dir, sft_dir, tmp_path, micro_batch):
-    """8 sequences per step as 1 × 8, 2 × 4 or 8 × 1 (micro-batch × accumulation): the same losses and weights,
-    although the micro-batches hold different numbers of assistant tokens (no per-micro-batch mean)."""
-    common = [f"--data_dir={sft_dir}", *SFT, "--jreg_lambda=1.0"]
+@pytest.mark.parametrize("micro_batch, skip_first", [(1, False), (2, True)])
+def test_sft_loss_is_normalised_over_the_global_batch(data_dir, sft_dir, tmp_path, micro_batch, skip_first):
+    """8 sequences per step as 1 × 8, 2 × 4 or 8 × 1 (micro-batch × accumulation): the same losses, logged ζ_L and
+    weights, although the micro-batches hold different numbers of assistant tokens (no per-micro-batch mean), with
+    position 0 in Ψ or not."""
+    common = [f"--data_dir={sft_dir}", *SFT, "--jreg_lambda=1.0", f"--jreg_skip_first={skip_first}"]
     full, _ = run(data_dir, tmp_path / "full", *common, "--micro_batch=8")
     part, _ = run(data_dir, tmp_path / "part", *common, f"--micro_batch={micro_batch}")
     np.testing.assert_allclose([r["loss"] for r in part], [r["loss"] for r in full], rtol=1e-5)
+    np.testing.assert_allclose([r["zeta_L"] for r in part], [r["zeta_L"] for r in full], rtol=1e-4, atol=1e-4)
     a = torch.load(tmp_path / "full" / "ckpt_0000003.pt", weights_only=False)["model"]
     b = torch.load(tmp_path / "part" / "ckpt_0000003.pt", weights_only=False)["model"]
     # 1e-5: three AdamW steps turn another summation order's last bits into up to 3.6e-6 on some CPUs (an Intel Xeon);
