@@ -72,6 +72,7 @@ class Config:
     eval_batches: int = 20          # fixed validation batches (of micro_batch sequences) per eval
     ckpt_interval: int = 1000       # steps between checkpoints (and always at the end or on SIGTERM)
     keep_ckpts: int = 3             # newest checkpoints kept
+    keep_every: int = 0             # > 0: also every checkpoint whose step is a multiple of it, for good
     sharded_ckpt: bool = False      # each rank writes its shard (torch.distributed.checkpoint): ckpt_N/ folders
     async_ckpt: bool = False        # with sharded_ckpt: written in the background while training goes on
     wandb_project: str = ""         # log to Weights & Biases as well (needs wandb)
@@ -82,6 +83,7 @@ class Config:
 RESUMABLE = {"max_steps", "epochs", "device", "dtype", "compile", "fsdp", "activation_checkpointing",
              "dist_timeout_min", "micro_batch", "lr", "min_lr_ratio", "warmup_steps", "warmup_ratio", "grad_clip",
              "max_bad_steps", "log_interval", "eval_interval", "eval_batches", "ckpt_interval", "keep_ckpts",
+             "keep_every",
              "sharded_ckpt", "async_ckpt", "wandb_project", "wandb_run_name"}
 # the value a checkpoint written before a setting existed was trained with, where that is not today's default
 BEFORE = {"decay_embeddings": True}
@@ -173,7 +175,7 @@ def check_config(cfg):
     for key in ("batch_tokens", "micro_batch", "seq_len", "log_interval", "eval_batches", "ckpt_interval",
                 "keep_ckpts", "max_steps", "dist_timeout_min"):
         need(getattr(cfg, key) >= 1, key, "must be at least 1")
-    for key in ("seed", "warmup_steps", "eval_interval", "max_bad_steps"):
+    for key in ("seed", "warmup_steps", "eval_interval", "max_bad_steps", "keep_every"):
         need(getattr(cfg, key) >= 0, key, "must be 0 or more")
     need(cfg.seed < 2 ** 63, "seed", "must be below 2**63 (torch's seed)")
     for key in ("lr", "weight_decay", "grad_clip", "jreg_lambda", "jreg_alpha", "epochs", "warmup_ratio"):

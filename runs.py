@@ -74,32 +74,35 @@ def model_state(ckpt):
     return state["model"]
 
 
-PENDING = []   # an async sharded save in flight: (future, its .tmp folder, its final name, keep_ckpts)
+PENDING = []   # an async sharded save in flight: (future, its .tmp folder, its final name, the config)
 
 
 def finish_checkpoint():
     """Wait for the async save in flight, if any, and give it its final name."""
     while PENDING:
-        future, tmp, path, keep = PENDING.pop()
+        future, tmp, path, cfg = PENDING.pop()
         future.result()
-        publish(tmp, path, keep)
+        publish(tmp, path, cfg)
 
 
-def publish(tmp, path, keep):
-    """Rank 0 renames a sharded checkpoint written by every rank to its final name and deletes all but the newest
-    `keep` checkpoints; the others wait for it."""
+def publish(tmp, path, cfg):
+    """Rank 0 renames a sharded checkpoint written by every rank to its final name and prunes the others; the others
+    wait for it."""
     if int(os.environ.get("RANK", 0)) == 0:
         os.replace(tmp, path)
-        prune(os.path.dirname(path), keep)
+        prune(cfg)
     if dist.is_initialized():
         dist.barrier()
 
 
-def prune(out_dir, keep):
-    """All but the newest `keep` checkpoints, and what killed saves left (.tmp), are deleted."""
-    left = [os.path.join(out_dir, n) for n in os.listdir(out_dir) if re.fullmatch(r"ckpt_\d+(\.pt)?\.tmp", n)]
-    for old in [path for _, path in list_checkpoints(out_dir)[:-keep]] + left:
-        shutil.rmtree(old, ignore_errors=True) if os.path.isdir(old) else os.remove(old)
+def prune(cfg):
+    """All but the newest keep_ckpts checkpoints and those of steps that are multiples of keep_every, and what killed
+    saves left (.tmp), are deleted."""
+    left = [os.path.join(cfg.out_dir, n) for n in os.listdir(cfg.out_dir) if re.fullmatch(r"ckpt_\d+(\.pt)?\.tmp", n)]
+    old = [path for step, path in list_checkpoints(cfg.out_dir)[:-cfg.keep_ckpts]
+           if not (cfg.keep_every and step % cfg.keep_every == 0)]
+    for path in old + left:
+        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
 
 
 def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
@@ -134,7 +137,7 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
     if master and not cfg.sharded_ckpt:
         torch.save({"model": model_sd, "optimizer": optim_sd, **meta}, path + ".tmp")
         os.replace(path + ".tmp", path)
-        prune(cfg.out_dir, cfg.keep_ckpts)
+        prune(cfg)
 
 
 def save_sharded(cfg, path, model, optimizer, meta, master):
@@ -154,11 +157,11 @@ def save_sharded(cfg, path, model, optimizer, meta, master):
     state = {"model": model_sd, "optimizer": optim_sd}
     if not cfg.async_ckpt:
         dcp.save(state, checkpoint_id=tmp, no_dist=not dist.is_initialized())
-        return publish(tmp, path, cfg.keep_ckpts)
+        return publish(tmp, path, cfg)
     if dist.is_initialized() and "gloo" not in ASYNC_GROUP:   # created once, by every rank at the same point
         ASYNC_GROUP["gloo"] = dist.new_group(backend="gloo")
     PENDING.append((dcp.async_save(state, checkpoint_id=tmp, process_group=ASYNC_GROUP.get("gloo"),
-                                   no_dist=not dist.is_initialized()), tmp, path, cfg.keep_ckpts))
+                                   no_dist=not dist.is_initialized()), tmp, path, cfg))
 
 
 ASYNC_GROUP = {}

@@ -209,6 +209,14 @@ def test_a_run_stopped_by_bad_steps_publishes_its_async_checkpoint(data_dir, tmp
     assert [r["step"] for r in run(data_dir, tmp_path, "--max_steps=5", "--eval_interval=0")[0]] == [1, 2, 3, 4, 5]
 
 
+def test_keep_every_keeps_its_checkpoints_for_good(data_dir, tmp_path):
+    """keep_ckpts=1, keep_every=2: steps 2 and 4 stay beside the newest. (Before: the full-scale configs kept their
+    last three only, so the docs' out/170m@20000 and ζ over checkpoints had nothing to read.)"""
+    run(data_dir, tmp_path, "--max_steps=5", "--eval_interval=0", "--ckpt_interval=1", "--keep_ckpts=1",
+        "--keep_every=2")
+    assert [s for s, _ in R.list_checkpoints(tmp_path)] == [2, 4, 5]
+
+
 def test_a_save_removes_what_killed_saves_left(data_dir, tmp_path):
     """A killed save's ckpt_N.tmp/ (sharded) or ckpt_N.pt.tmp of another step goes at the next save. (Before: only
     the same step's .tmp folder was removed; the others stayed for ever, a whole checkpoint's size each.)"""

@@ -13,3 +13,4 @@ jreg_lambda = 0.0
 jreg_alpha = 1.0
 eval_interval = 2000
 ckpt_interval = 2000
+keep_every = 20000             # kept for good: ζ over training, fine-tuning from step 20000
