@@ -16,7 +16,6 @@ import fcntl
 import glob
 import hashlib
 import importlib.util
-import itertools
 import json
 import os
 import re
@@ -364,18 +363,16 @@ def open_sources(inputs=None, name=None, dataset=DATASET, split="train", exclude
             raise SystemExit(f"error: {path}: cannot load (the {split} split of) a saved dataset: {one_line(e)}") from None
         return [(path, ds.to_iterable_dataset())], {"load_from_disk": os.path.abspath(path)}
     sources = []
-    for kind, group in itertools.groupby(paths, key=_builder):  # one builder for each run of files of a kind
-        group = list(group)
-        files = [glob.escape(os.path.abspath(p)) for p in group]  # datasets reads data_files as globs
+    for path in paths:    # one loader a file: files may hold other columns than the field read (or other schemas)
+        kind = _builder(path)
         try:
-            ds = datasets.load_dataset(kind, data_files=files, split="train", streaming=True,
-                                       **({"sample_by": "document"} if kind == "text" else {}))
-        except StopIteration:  # datasets' json builder, when no file of the group holds a record
-            sources += [(p, None) for p in group]
-            continue
+            ds = datasets.load_dataset(kind, data_files=[glob.escape(os.path.abspath(path))], split="train",
+                                       streaming=True, **({"sample_by": "document"} if kind == "text" else {}))
+        except StopIteration:  # datasets' json builder, when the file holds no record
+            ds = None
         except Exception as e:
-            raise SystemExit(f"error: {group[0]}: {one_line(e)}") from None
-        sources += [(p, ds.shard(len(group), i, contiguous=True)) for i, p in enumerate(group)]
+            raise SystemExit(f"error: {path}: {one_line(e)}") from None
+        sources.append((path, ds))
     return sources, {"files": [[os.path.abspath(p), os.path.getsize(p)] for p in paths]}
 
 

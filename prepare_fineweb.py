@@ -50,7 +50,7 @@ def _batches(sources, field, resume):
                 raise SystemExit(f"error: {desc}: no text field {field!r} (fields: {', '.join(batch)}); choose one "
                                  "with --text_field")
             if not all(isinstance(t, str) for t in texts):
-                raise SystemExit(f"error: {desc}: a {field!r} value is not a string")
+                raise SystemExit(f"error: {desc}: a {field!r} value is missing or not a string")
             yield (i, state), [t for t in texts if t] if text_file else texts
             state = ds.state_dict()  # exactly after this batch: resuming from it continues with the next document
 
@@ -108,7 +108,7 @@ def open_folder(out_dir, config, enc, overwrite):
     m = m or {"config": config, "complete": False, "shards": [],
               "resume": {"source": 0, "state": None, "skip": 0, "tokens": 0, "next": int(val_tokens == 0)}}
     for f in set(os.listdir(out_dir)) - {s["file"] for s in m["shards"]}:  # what a kill left: a .tmp, or a shard
-        if re.fullmatch(re.escape(prefix) + r"_(val|train)_\d{6}\.bin(\.tmp)?", f):  # renamed but not yet recorded
+        if re.fullmatch(re.escape(prefix) + r"_(val|train)_\d{6,}\.bin(\.tmp)?", f):  # renamed but not yet recorded
             os.remove(os.path.join(out_dir, f))
     if stray := _strays(out_dir, m):
         raise SystemExit(f"error: {out_dir} holds shard files of another preparation, {stray}; use --overwrite")
@@ -125,8 +125,9 @@ def prepare(out_dir, *, inputs=None, name=None, text_field="text", tokenizer="gp
     val_tokens None: the first tenth of the tokens, at most VAL_MAX, decided once VAL_SHARE x VAL_MAX tokens (or
     the whole input, when shorter) are read."""
     check_options(shard_tokens=shard_tokens, val_tokens=val_tokens, max_tokens=max_tokens, workers=workers)
-    if None not in (val_tokens, max_tokens) and val_tokens >= max_tokens:
-        raise SystemExit(f"error: --val_tokens {val_tokens} leaves no training tokens within --max_tokens {max_tokens}")
+    if max_tokens is not None and max_tokens <= (1 if val_tokens is None else val_tokens):
+        raise SystemExit(f"error: --val_tokens {1 if val_tokens is None else val_tokens} leaves no training tokens "
+                         f"within --max_tokens {max_tokens}")
     if not re.fullmatch(r"[A-Za-z0-9.\-]{1,40}", prefix):
         raise SystemExit(f"error: --prefix {prefix!r}: use 1 to 40 letters, digits, '.' and '-'")
     if inputs and name:
@@ -247,8 +248,9 @@ def main(argv=None):
         raise SystemExit("error: --out_dir is required")
     m = prepare(**a)
     train = [s["num_tokens"] for s in m["shards"] if s["split"] == "train"]
-    print(f"{a['out_dir']}: {m['tokens']:,} tokens ({m['config']['tokenizer']}), {m['documents']:,} documents; "
-          f"val {m['tokens'] - sum(train):,} tokens, {len(train)} train shard{'s' * (len(train) != 1)} ({sum(train):,} tokens); "
+    plural = lambda n, what: f"{n:,} {what}{'s' * (n != 1)}"
+    print(f"{a['out_dir']}: {m['tokens']:,} tokens ({m['config']['tokenizer']}), {plural(m['documents'], 'document')};"
+          f" val {m['tokens'] - sum(train):,} tokens, {plural(len(train), 'train shard')} ({sum(train):,} tokens); "
           f"{time.perf_counter() - t:.1f}s")
 
 

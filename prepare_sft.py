@@ -158,7 +158,7 @@ def prepare(out_dir, *, inputs=None, name=DEFAULT_DATASET, split="train", tokeni
     lock = lock_preparation(out_dir)  # noqa: F841 (held until this returns)
     manifest_path = os.path.join(out_dir, MANIFEST)
     ours = lambda: [f for f in os.listdir(out_dir)  # noqa: E731 (our shard names, nothing else of the folder)
-                    if re.fullmatch(r"sft_(val|train)_\d{6}\.bin(\.mask)?(\.tmp)?", f)]
+                    if re.fullmatch(r"sft_(val|train)_\d{6,}\.bin(\.mask)?(\.tmp)?", f)]
     if overwrite:
         remove_preparation(out_dir)
     if manifest := load_manifest(out_dir, lambda m: m.get("kind") != "sft" or set(COUNTS) <= set(m["counts"]) and

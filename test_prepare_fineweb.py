@@ -300,6 +300,8 @@ def test_no_training_data_is_refused(tmp_path, capsys):
         assert not json.load(open(tmp_path / "out" / "manifest.json"))["complete"]
     line = error_line(tmp_path, capsys, ["--input", "x.jsonl", "--val_tokens", "500", "--max_tokens", "500"])
     assert line == "error: --val_tokens 500 leaves no training tokens within --max_tokens 500"
+    line = error_line(tmp_path, capsys, ["--input", "x.jsonl", "--max_tokens", "1"])   # (before: looped for ever)
+    assert line == "error: --val_tokens 1 leaves no training tokens within --max_tokens 1"
 
 
 @pytest.mark.parametrize("text", ['{"shards": [', "[]", '{"shards": 5}', '{"shards": [{"file": "a.bin"}]}',
@@ -531,6 +533,17 @@ def error_line(tmp_path, capsys, args):
     return e.value.code
 
 
+def test_files_with_other_columns_are_read_together(tmp_path):
+    """Only the text field is read: files of one kind with other columns (or a first file with no record) are read
+    one loader each. (Before: one loader for all, which took the first file's columns and refused the others.)"""
+    (tmp_path / "blank.jsonl").write_text("\n")
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "first document", "id": 1}) + "\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "second document", "url": "u", "id": "x"}) + "\n")
+    m = pf.prepare(str(tmp_path / "out"), inputs=[str(tmp_path / n) for n in ("blank.jsonl", "a.jsonl",
+                   "b.jsonl")], tokenizer="bytes", val_tokens=1)
+    assert m["complete"] and m["documents"] == 2 and m["tokens"] == 2 + len("first document") + len("second document")
+
+
 def test_input_errors_name_the_file(tmp_path, capsys):
     import datasets
 
@@ -555,7 +568,7 @@ def test_input_errors_name_the_file(tmp_path, capsys):
              "x.parquet": r"^error: .*x\.parquet: no text field 'text' \(fields: body, n\)",
              "bad.jsonl": r"^error: .*bad\.jsonl: .*JSON parse error",
              "badutf.jsonl": r"^error: .*badutf\.jsonl: UnicodeDecodeError",
-             "null.jsonl": r"^error: .*null\.jsonl: a 'text' value is not a string",
+             "null.jsonl": r"^error: .*null\.jsonl: a 'text' value is missing or not a string",
              "bad.txt": r"^error: .*bad\.txt: UnicodeDecodeError",
              "trunc.jsonl.gz": r"^error: .*trunc\.jsonl\.gz: EOFError",
              "notes.csv": r"^error: .*notes\.csv: unsupported input"}
