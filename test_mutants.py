@@ -1,7 +1,7 @@
 """Behaviours of the periphery that mutation testing found unguarded: profiles (analysis tokens, windows), survey
 (ζ_(L−2), sorting, token counts, revisions), generation and chat (temperature, stop texts, context), SFT preparation
-(lengths, roles, START), the judge's and chat evaluation's caches, seeds and statistics, and the run folder
-(RUN@latest, resume checks, a run's own tokenizer). Each test fails under the mutant its docstring names."""
+(lengths, roles, START), the judge's and chat evaluation's caches, seeds and statistics, the run folder
+(RUN@latest, resume checks, a run's own tokenizer) and export (pad token, RUN@STEP with --step). Each test fails under the mutant its docstring names."""
 import ast
 import dataclasses
 import json
