@@ -352,8 +352,8 @@ def open_sources(inputs=None, name=None, dataset=DATASET, split="train", exclude
         try:
             ds = datasets.load_dataset(dataset, name=name, split=split, streaming=True)
         except Exception as e:
-            raise SystemExit(f"error: cannot stream {dataset}{f' ({name})' if name else ''} from the Hugging Face hub: {one_line(e)}; offline, "
-                             "use --input with local files") from None
+            raise SystemExit(f"error: cannot stream {dataset}{f' ({name})' if name else ''} from the Hugging Face hub: "
+                             f"{one_line(e)}; offline, use --input with local files") from None
         return [(f"{dataset} ({name})", ds)], {"hub": dataset, "name": name}
     if os.path.isdir(path := paths[0]):
         try:

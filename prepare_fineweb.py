@@ -218,7 +218,8 @@ def bench(inputs=None, tokenizer="gpt2", workers=None, rounds=3, text_field="tex
             bare, pipe = bare + [t1 - t], pipe + [time.perf_counter() - t1]
         assert m["tokens"] == n_tokens, (m["tokens"], n_tokens)
     print(f"bench: {len(docs):,} documents, {n_tokens:,} tokens, {workers} workers, best of {rounds}: bare "
-          f"{'encode_batch_fast' if enc.name.startswith('hf:') else 'encode_ordinary_batch'} {n_tokens / min(bare) / 1e6:.2f}M tokens/s, pipeline (read, tokenise, write shards) "
+          f"{'encode_batch_fast' if enc.name.startswith('hf:') else 'encode_ordinary_batch'} "
+          f"{n_tokens / min(bare) / 1e6:.2f}M tokens/s, pipeline (read, tokenise, write shards) "
           f"{n_tokens / min(pipe) / 1e6:.2f}M tokens/s, ratio pipeline / bare {min(bare) / min(pipe):.2f}")
     return min(bare) / min(pipe)
 
@@ -250,8 +251,8 @@ def main(argv=None):
     train = [s["num_tokens"] for s in m["shards"] if s["split"] == "train"]
     plural = lambda n, what: f"{n:,} {what}{'s' * (n != 1)}"
     print(f"{a['out_dir']}: {m['tokens']:,} tokens ({m['config']['tokenizer']}), {plural(m['documents'], 'document')};"
-          f" val {m['tokens'] - sum(train):,} tokens, {plural(len(train), 'train shard')} ({sum(train):,} tokens); "
-          f"{time.perf_counter() - t:.1f}s")
+          f" val {m['tokens'] - sum(train):,} tokens, {plural(len(train), 'train shard')} ({sum(train):,} tokens);"
+          f" {time.perf_counter() - t:.1f}s")
 
 
 if __name__ == "__main__":
