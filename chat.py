@@ -102,7 +102,7 @@ def chat(model, enc, name, args):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.error = lambda message: sys.exit(f"error: {message}")      # one line and exit status 1, as every user error
-    p.add_argument("run_dir", nargs="?", help="a run folder of train.py (or of SFT)")
+    p.add_argument("run_dir", nargs="?", help="a run folder of train.py (or of SFT), or RUN_DIR@STEP")
     p.add_argument("--step", type=int_at_least(0), help="checkpoint step (default: the latest)")
     p.add_argument("--hf", help="a Hugging Face Llama: hub name or local folder")
     p.add_argument("--gguf", help="a GGUF file inside the --hf folder")

@@ -31,7 +31,7 @@ from generation import generate
 from judge import (
     Cache, JUDGE_MAX_TOKENS, Judge, NEED_REF_CATS, category, digest, fastchat_data, judge_answers, jsonl_records,
     load_judge_prompts)
-from runs import check_device, check_writable, checkpoint_path, int_at_least, list_checkpoints, load_llama
+from runs import check_device, check_writable, checkpoint_path, int_at_least, list_checkpoints, load_llama, run_step
 
 
 TEMPERATURE = {"writing": 0.7, "roleplay": 0.7, "extraction": 0.0, "math": 0.0, "coding": 0.0, "reasoning": 0.0,
@@ -303,7 +303,7 @@ def markdown(report):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.error = lambda message: sys.exit(f"error: {message}")      # one line and exit status 1, as every user error
-    p.add_argument("runs", nargs="*", help="run folders (their latest checkpoint, or --step)")
+    p.add_argument("runs", nargs="*", help="run folders (their latest checkpoint, or --step), or RUN_DIR@STEP")
     p.add_argument("--hf", action="append", default=[], help="a Hugging Face Llama chat model (repeatable)")
     p.add_argument("--gguf", help="a GGUF file inside the --hf folder")
     p.add_argument("--step", type=int_at_least(0), help="this checkpoint step of each run instead of the latest")
@@ -383,9 +383,10 @@ def model_specs(args):
     specs = []
     for run in args.runs:
         ckpt = checkpoint_path(run, args.step)            # one error line when the run has no such checkpoint
-        step = list_checkpoints(run)[-1][0] if args.step is None else args.step
-        specs.append((os.path.basename(os.path.normpath(run)), f"{os.path.abspath(run)}@{step}{files_id(ckpt)}",
-                      ("run", run, step)))
+        run_dir, step = run_step(run, args.step)
+        step = list_checkpoints(run_dir)[-1][0] if step is None else step
+        specs.append((os.path.basename(os.path.normpath(run)), f"{os.path.abspath(run_dir)}@{step}{files_id(ckpt)}",
+                      ("run", run_dir, step)))
     for name in args.hf:
         where = os.path.abspath(name) if os.path.exists(name) else name
         specs.append((os.path.basename(os.path.normpath(args.gguf or name)),

@@ -140,7 +140,7 @@ def _exit_layers(text):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.error = lambda message: sys.exit(f"error: {message}")      # one line and exit status 1, as every user error
-    p.add_argument("runs", nargs="*", help="run folders holding ckpt_*.pt (the latest is evaluated)")
+    p.add_argument("runs", nargs="*", help="run folders holding ckpt_*.pt (the latest is evaluated), or RUN_DIR@STEP")
     p.add_argument("--hf", help="a Hugging Face causal LM: hub name or local folder")
     p.add_argument("--gguf", help="a GGUF file inside --hf's folder, passed as gguf_file= to from_pretrained")
     p.add_argument("--step", type=int_at_least(0), help="this checkpoint step of each run, not the latest")
@@ -267,7 +267,7 @@ def evaluate_model(args, name, kind, path, tasks, task_data, report, save, seq_l
     analysis = None if args.analysis_tokens == -1 else args.analysis_tokens
     entry["profile"] = {**profile_model(target, batches, analysis_tokens=analysis, progress=True), "seq_len": seq_len}
     save()
-    ckpts = list_checkpoints(path) if kind == "run" else []
+    ckpts = list_checkpoints(meta["run_dir"]) if kind == "run" else []
     if args.all_ckpts or (args.plot and len(args.runs) == 1 and not args.hf and len(ckpts) > 1):
         entry["profile_checkpoints"] = points = []
         for step, _ in ckpts:                             # ζ over training: the same windows at every checkpoint

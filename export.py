@@ -22,7 +22,7 @@ import torch
 
 from conversations import HEADERS, chat_template, prompt_ids, render
 from data import EOT, HFTokenizer, one_line, tokenizer_tag
-from runs import check_writable, load_run
+from runs import check_writable, load_run, run_step
 
 
 # conversations.render's chat template: EOT, then each turn's header and content; EOT closes each
@@ -89,6 +89,7 @@ def hf_tokenizer(enc, max_length=None):
 def export(run_dir, out, step=None, dtype="float32", overwrite=False):
     """Write the Hugging Face folder `out` for the checkpoint `step` (default: the latest) of `run_dir`."""
     from transformers import GenerationConfig
+    run_dir, step = run_step(run_dir, step)                        # RUN_DIR@STEP, as everywhere
     if not os.path.isdir(run_dir):
         raise SystemExit(f"error: run folder not found: {run_dir}")
     real = os.path.realpath(out)                    # a link: its target is replaced, the link stays
@@ -162,10 +163,7 @@ def main(argv=None):
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the weights' dtype")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     args = p.parse_args(argv)
-    run_dir, at, step = args.run_dir.rpartition("@")                # RUN_DIR@STEP, as train.py's init_from
-    if not (at and step.isdigit() and args.step is None and not os.path.isdir(args.run_dir)):
-        run_dir, step = args.run_dir, args.step
-    out = export(run_dir, args.out, None if step is None else int(step), args.dtype, args.overwrite)
+    out = export(args.run_dir, args.out, args.step, args.dtype, args.overwrite)
     print(f"wrote {out}: {', '.join(sorted(os.listdir(out)))}")
 
 

@@ -332,21 +332,37 @@ def peak_flops(device):
     return next((peak for key, peak in PEAK_FLOPS if key in name), None)
 
 
+def run_step(spec, step=None):
+    """(run folder, step) of RUN_DIR, RUN_DIR@STEP or RUN_DIR@latest (step None: the latest), the one way every command
+    names a checkpoint; an existing folder whose name holds '@' is itself. `step` (a --step) must not contradict it."""
+    run_dir, at, tail = spec.rpartition("@")
+    if not at or os.path.isdir(spec):
+        return spec, step
+    if not (tail.isdigit() or tail == "latest"):
+        raise SystemExit(f"error: {spec}: use RUN_DIR, RUN_DIR@STEP (a checkpoint's step) or RUN_DIR@latest")
+    if step is not None and str(step) != tail:
+        raise SystemExit(f"error: {spec} and --step {step} name two checkpoints: give the step once")
+    return run_dir, int(tail) if tail.isdigit() else None
+
+
 def checkpoint_path(run_dir, step=None, what=None):
-    """The path of the checkpoint of `step` (default: the latest) in a run folder (list_checkpoints); what: how an
-    error names the step asked for (default: --step N)."""
+    """The path of the checkpoint of `step` (default: the latest) in a run folder (list_checkpoints), or of
+    RUN_DIR@STEP (run_step); what: how an error names the step asked for (default: --step N, or RUN_DIR@STEP)."""
+    spec, (run_dir, step) = run_dir, run_step(run_dir, step)
+    what = what or (spec if spec != run_dir else f"--step {step}")
     ckpts = dict(list_checkpoints(run_dir))
     if not ckpts:
         raise SystemExit(f"error: no checkpoints (ckpt_*.pt) in {run_dir}")
     if step is not None and step not in ckpts:
-        raise SystemExit(f"error: {what or f'--step {step}'}: no such checkpoint in {run_dir} (steps: {sorted(ckpts)})")
+        raise SystemExit(f"error: {what}: no such checkpoint in {run_dir} (steps: {sorted(ckpts)})")
     return ckpts[max(ckpts) if step is None else step]
 
 
 def load_run(run_dir, step=None, device="cpu", dtype=torch.float32, tokenizer=None):
     """(model, tokenizer, meta) of the latest checkpoint of a run folder, or of `step`; train.py's checkpoint format.
     tokenizer: an Encoding to use instead of the run's (config["tokenizer"]; a Hugging Face one from its copy in the
-    run folder, which holds its chat template)."""
+    run folder, which holds its chat template). run_dir may be RUN_DIR@STEP (run_step)."""
+    run_dir, step = run_step(run_dir, step)
     ckpt = load_checkpoint(path := checkpoint_path(run_dir, step))
     model = Llama(LlamaConfig(**ckpt["model_config"]))
     model.load_state_dict(model_state(ckpt))
@@ -468,6 +484,7 @@ def load_llama(run_dir=None, step=None, hf=None, gguf=None, device="cpu"):
         enc, eos = HFTokenizer(hf_tok), hf_model.generation_config.eos_token_id   # generate stops where HF's does
         enc.stop_ids = {enc.eot_token, *(eos if isinstance(eos, list) else [] if eos is None else [eos])}
         return Llama.from_hf(hf_model).to(device).eval(), enc, hf
+    run_dir, step = run_step(run_dir, step)
     if not os.path.isdir(run_dir):
         raise SystemExit(f"error: run folder {run_dir} does not exist")
     model, enc, meta = load_run(run_dir, step, device)

@@ -26,7 +26,8 @@ import torch
 
 from data import write_atomic
 from profiles import plot_profiles, profile_model, profile_target, text_documents, text_windows
-from runs import check_device, check_hf_source, check_writable, checkpoint_path, int_at_least, load_hf, load_run
+from runs import (
+    check_device, check_hf_source, check_writable, checkpoint_path, int_at_least, load_hf, load_run, run_step)
 from tasks import HFModelLM, ModelLM
 
 
@@ -35,14 +36,15 @@ CONVENTIONS = {"raw": ("psi", "zeta"), "normed": ("psi_normed", "zeta_normed")} 
 
 def parse_model(spec, kind):
     """{"spec", "kind", "path", "gguf", "revision", "step"} of one --hf / --runs argument."""
+    if kind == "run":                                     # RUN_DIR, RUN_DIR@STEP, RUN_DIR@latest
+        path, step = run_step(spec)
+        return {"spec": spec, "kind": kind, "path": path, "gguf": None, "revision": None, "step": step}
     path, revision, gguf = spec, None, None
     if "@" in spec and not os.path.exists(spec):
         path, revision = spec.rsplit("@", 1)
-    if kind == "hf" and path.endswith(".gguf"):
+    if path.endswith(".gguf"):
         path, gguf = os.path.dirname(path) or ".", os.path.basename(path)
     step = re.fullmatch(r"(?:step[-_]?)?(\d+)(?:-.*)?", revision or "")       # 1000, step1000, step1000-tokens4B
-    if kind == "run" and revision is not None and not revision.isdigit():
-        raise SystemExit(f"error: --runs {spec}: RUN@STEP takes a checkpoint step, got {revision!r}")
     return {"spec": spec, "kind": kind, "path": path, "gguf": gguf, "revision": revision,
             "step": int(step.group(1)) if step else None}
 

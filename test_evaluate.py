@@ -14,6 +14,7 @@ import gzip
 import dataclasses
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -23,7 +24,9 @@ import tiktoken
 import torch
 import torch.nn.functional as F
 
+import chat_eval
 import evaluate as E
+import export
 import jreg
 from model import Llama, LlamaConfig
 import conversations as CV
@@ -615,6 +618,32 @@ def test_cli_errors_before_loading(case, tmp_path, data_dir, no_model_loading):
 def test_cli_run_folder_errors(case, tmp_path, no_model_loading):
     with pytest.raises(SystemExit, match=f"error: no checkpoints .* in {tmp_path}"):
         E.main([str(tmp_path / "nope") if case == "missing_run" else str(tmp_path), "--tasks", "arc_easy"])
+
+
+def test_run_at_step_names_a_checkpoint_in_every_command(tmp_path, data_dir):
+    """RUN@STEP is one grammar (runs.run_step): evaluate.py compares two checkpoints of one run, as --step would load
+    them; a contradiction with --step, a step that is not there and a tail that is no step are one error line each.
+    (Before: evaluate.py and chat_eval.py read RUN@STEP as a folder name; export.py said the folder was missing.)"""
+    run = save_run(str(tmp_path / "base"), steps=(10, 20))
+    out = tmp_path / "steps.json"
+    E.main([run + "@10", run + "@latest", "--tasks", "arc_easy", "--data_dir", data_dir, "--out", str(out)])
+    res = json.loads(out.read_text())["models"]
+    assert [res[k]["source"]["step"] for k in ("base@10", "base@latest")] == [10, 20]
+    assert {res["base@10"]["source"]["run_dir"], res["base@latest"]["source"]["run_dir"]} == {run}
+    E.main([run, "--step", "10", "--tasks", "arc_easy", "--data_dir", data_dir, "--out", str(tmp_path / "s.json")])
+    assert json.loads((tmp_path / "s.json").read_text())["results"] == res["base@10"]["results"]
+    for argv, named in (([run + "@10", "--step", "20"], f"{run}@10 and --step 20 name two checkpoints"),
+                        ([run + "@7"], f"{run}@7: no such checkpoint in {run} (steps: [10, 20])"),
+                        ([run + "@last"], f"{run}@last: use RUN_DIR, RUN_DIR@STEP")):
+        with pytest.raises(SystemExit, match="^error: " + re.escape(named)):
+            E.main(argv + ["--tasks", "arc_easy", "--data_dir", data_dir])
+    for main, argv in ((chat_eval.main, [run + "@10", "--step", "20", "--benchmarks", "vicuna"]),
+                       (export.main, [run + "@10", str(tmp_path / "hf"), "--step", "20"])):
+        with pytest.raises(SystemExit, match=f"^error: {re.escape(run)}@10 and --step 20 name two checkpoints"):
+            main(argv)
+    assert R.load_run(run + "@10")[2]["step"] == R.load_run(run, 10)[2]["step"] == 10
+    os.rename(run, run + "@20")                            # a folder whose name holds '@' is itself
+    assert R.load_run(run + "@20")[2]["step"] == 20
 
 
 def test_all_ckpts_without_a_run_and_a_text_too_short_are_one_line(tmp_path):

@@ -189,7 +189,7 @@ ERRORS = {   # arguments -> what the one error line names
     "missing_folder": (["--hf", "{tmp}/none", "--text", "{text}"], "none"),
     "missing_gguf": (["--hf", "{tmp}/x.gguf", "--text", "{text}"], "x.gguf"),
     "missing_run": (["--runs", "{tmp}", "--text", "{text}"], "no checkpoints"),
-    "run_revision": (["--runs", "{tmp}@main", "--text", "{text}"], "RUN@STEP"),
+    "run_revision": (["--runs", "{tmp}@main", "--text", "{text}"], "RUN_DIR@STEP"),
     "run_step": (["--runs", "{run}@30", "--text", "{text}"], "--runs {run}@30: no such checkpoint in"),
     "folder_revision": (["--hf", "{folders}/llama@step1000", "--text", "{text}"], "llama@step1000: a revision is a hub"),
     "gguf_revision": (["--hf", "{tmp}/m.gguf@main", "--text", "{text}"], "m.gguf@main: a revision is a hub"),
