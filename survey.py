@@ -102,12 +102,12 @@ def survey_model(m, args):
     t1 = time.time()
     if (seq_len := min(args.seq_len, lm.max_length)) < args.seq_len:
         print(f"{m['spec']}: windows of {seq_len} tokens, its max_length (--seq_len {args.seq_len})", file=sys.stderr)
-    windows = text_windows(lm, args.text, max(1, args.tokens // seq_len), seq_len)
+    windows = text_windows(lm, args.text, n := max(1, args.tokens // seq_len), seq_len)    # whole windows
     if len(windows) == 0:
         raise SystemExit(f"error: --text holds fewer than {seq_len + 1} tokens of {m['spec']}")
     analysis = None if args.analysis_tokens == -1 else args.analysis_tokens
     profile = profile_model(target, windows.split(args.batch_size), analysis_tokens=analysis, progress=True)
-    if profile["n_tokens"] < args.tokens:
+    if len(windows) < n:                                  # the text ran out (not --tokens rounded to windows)
         print(f"warning: {m['spec']}: the text gives {profile['n_tokens']} of --tokens {args.tokens}", file=sys.stderr)
     params = sum(p.numel() for p in target.parameters())      # parameters() counts tied embeddings once
     return {"source": source, "params": params, "n_layer": profile["n_layer"], "seq_len": seq_len,

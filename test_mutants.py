@@ -114,12 +114,16 @@ def test_survey_analysis_tokens_minus_one_analyses_all(tmp_path):
     assert p["analysis_tokens"] == 32 and len(p["logit_lens_loss"]) == 5
 
 
-def test_survey_reads_at_most_tokens(tmp_path):
-    """Mutant: ceil(tokens / seq_len) windows (48 tokens for --tokens 40). This pins the current floor; note that the
-    clean code then warns "the text gives 32 of --tokens 40" although the text holds more."""
+def test_survey_reads_at_most_tokens(tmp_path, capsys):
+    """Mutant: ceil(tokens / seq_len) windows (48 tokens for --tokens 40). --tokens rounded down to whole windows is
+    no warning; a text that runs out is. (Before: "the text gives 32 of --tokens 40" although the text held more.)"""
     run, text = _survey_run(tmp_path)
     survey.main(["--runs", run, "--text", text, "--tokens", "40", "--seq_len", "16", "--out", str(tmp_path / "s.json")])
     assert json.loads((tmp_path / "s.json").read_text())["models"][run]["profile"]["n_tokens"] == 32
+    assert "warning" not in capsys.readouterr().err
+    held = len(open(text, "rb").read())                    # bytes: a token a byte, plus end-of-text
+    survey.main(["--runs", run, "--text", text, "--tokens", str(16 * (held // 16 + 4)), "--seq_len", "16"])
+    assert f"warning: {run}: the text gives {16 * (held // 16)} of --tokens" in capsys.readouterr().err
 
 
 def test_a_local_path_with_an_at_sign_is_not_a_revision(tmp_path):
