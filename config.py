@@ -34,7 +34,7 @@ class Config:
     # fine-tuning or continued pre-training: the weights to start from (not resumed: a new run); the shape is theirs
     init_from: str = ""             # "" (random) | RUN_DIR (newest ckpt) | RUN_DIR@STEP | RUN_DIR@latest | hf:NAME_OR_DIR
     epochs: float = 0.0             # > 0: max_steps = epochs × windows per epoch / sequences per step
-    warmup_ratio: float = 0.0       # > 0: warmup_steps = warmup_ratio × max_steps
+    warmup_ratio: float = 0.0       # > 0: warmup_steps = warmup_ratio × max_steps; set to 0: no warm-up
     # model: a preset from model.PRESETS; any field set below (not None) overrides it
     model: str = "170m"             # a preset of model.PRESETS
     vocab_size: int = None          # rows of the embedding and the head (≥ the tokenizer's)
@@ -161,6 +161,8 @@ def load_config(argv):
     for key, other in PAIRS:
         if values.get(key) and other in values:
             fail(f"{key} = {values[key]} sets {other}, which is set too ({values[other]}): set one of them")
+    if values.get("warmup_ratio", 1) == 0 and "warmup_steps" not in values:
+        values["warmup_steps"] = 0                    # warmup_ratio = 0 asked for: no warm-up, not the default 2,000
     cfg = Config(**values)
     check_config(cfg)
     return cfg

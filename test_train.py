@@ -409,6 +409,11 @@ def test_epochs_and_max_steps_are_not_both_set_and_epochs_may_grow_on_resume(tmp
     assert (cfg.max_steps, cfg.epochs, cfg.warmup_steps, cfg.warmup_ratio) == (10, 0, 3, 0)
     assert CF.load_config(["configs/sft_kjv.py", "--epochs=1"]).epochs == 1
     assert CF.load_config(["--warmup_steps=5", "--warmup_ratio=0.1"]).warmup_ratio == 0.1   # the later one
+    # warmup_ratio = 0 asked for is no warm-up. (Before: the default warmup_steps, 2,000, on a 200-step SFT run.)
+    assert CF.load_config(["configs/sft_kjv.py", "--warmup_ratio=0"]).warmup_steps == 0
+    assert CF.load_config(["--warmup_steps=5", "--warmup_ratio=0"]).warmup_steps == 0
+    assert CF.load_config(["--warmup_ratio=0", "--warmup_steps=5"]).warmup_steps == 5
+    assert CF.load_config([]).warmup_steps == 2000 and CF.load_config(["configs/sft_kjv.py"]).warmup_ratio == 0.03
     assert "epochs" in CF.RESUMABLE and "warmup_ratio" in CF.RESUMABLE
 
 
