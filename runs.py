@@ -116,9 +116,7 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
     if dist.is_initialized():
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
     if bad.item():
-        last = list_checkpoints(cfg.out_dir)
-        fail(f"non-finite parameters after step {step}: nothing saved. The last good checkpoint is "
-             f"{last[-1][1] if last else '(none)'}; rerun to resume from it, with a lower lr or grad_clip")
+        fail(f"non-finite parameters after step {step}: nothing saved. {last_good(cfg)}, with a lower lr or grad_clip")
     master = int(os.environ.get("RANK", 0)) == 0
     meta = {"model_config": dataclasses.asdict(model.config), "config": dataclasses.asdict(cfg),
             "tokenizer_tag": tokenizer_tag(cfg.tokenizer), "step": step,
@@ -135,9 +133,19 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
     else:
         model_sd, optim_sd = model.state_dict(), optimizer.state_dict()
     if master and not cfg.sharded_ckpt:
-        torch.save({"model": model_sd, "optimizer": optim_sd, **meta}, path + ".tmp")
+        try:
+            torch.save({"model": model_sd, "optimizer": optim_sd, **meta}, path + ".tmp")
+        except (OSError, RuntimeError) as e:          # a full disk: torch's stream writer raises a RuntimeError
+            with suppress(OSError):
+                os.remove(path + ".tmp")
+            fail(f"cannot write checkpoint {path}: {one_line(e)}. {last_good(cfg)}, once there is room")
         os.replace(path + ".tmp", path)
         prune(cfg)
+
+
+def last_good(cfg):
+    last = list_checkpoints(cfg.out_dir)
+    return f"The last good checkpoint is {last[-1][1] if last else '(none)'}; rerun to resume from it"
 
 
 def save_sharded(cfg, path, model, optimizer, meta, master):

@@ -136,6 +136,29 @@ def nan_from_call(monkeypatch, first, last=None):
     monkeypatch.setattr(jreg.JregObjective, "forward", forward)
 
 
+def test_a_checkpoint_that_cannot_be_written_is_one_line_and_leaves_no_partial_file(data_dir, tmp_path, monkeypatch):
+    """A full disk during torch.save: one error line naming the last good checkpoint, no .pt.tmp left; the rerun
+    resumes from that checkpoint. (Before: a traceback, and the partial file stayed until the next save.)"""
+    real_save = torch.save
+
+    def full_disk(obj, path, *a, **k):
+        if str(path).endswith("ckpt_0000004.pt.tmp"):
+            open(path, "wb").write(b"partial")
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0\nmore")
+        return real_save(obj, path, *a, **k)
+    monkeypatch.setattr(R.torch, "save", full_disk)
+    with pytest.raises(SystemExit) as e:
+        run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--ckpt_interval=2")
+    message = str(e.value.code)
+    del e                                                   # its traceback holds the run folder's lock
+    assert message.startswith(f"error: cannot write checkpoint {tmp_path / 'ckpt_0000004.pt'}: ") and "\n" not in message
+    assert f"The last good checkpoint is {tmp_path / 'ckpt_0000002.pt'}; rerun" in message
+    assert sorted(n for n in os.listdir(tmp_path) if n.startswith("ckpt_")) == ["ckpt_0000002.pt"]
+    monkeypatch.setattr(R.torch, "save", real_save)
+    steps, _ = run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--ckpt_interval=2")
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]                 # nothing lost or repeated
+
+
 def test_nonfinite_step_is_never_applied_or_saved(data_dir, tmp_path, monkeypatch):
     """Parameters that became non-finite (here lr = inf at step 4) never reach a checkpoint, and the error names the
     last good one; a step with a non-finite loss or gradient is not applied, and with max_bad_steps = 0 it stops the
