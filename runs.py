@@ -188,13 +188,10 @@ def init_weights(spec, tokenizer):
     or hf:NAME_OR_DIR; they must have been trained with `tokenizer` (the data's)."""
     if spec.startswith("hf:"):
         return init_weights_hf(spec[3:], tokenizer)
-    run_dir, _, at = spec.rpartition("@") if "@" in spec else (spec, "", "latest")
-    if not (at.isdigit() or at == "latest"):
-        fail(f"init_from {spec!r}: use RUN_DIR, RUN_DIR@STEP (a number), RUN_DIR@latest or hf:NAME_OR_DIR")
+    run_dir, at = run_step(spec)
     ckpts = dict(list_checkpoints(run_dir))
-    step = int(at) if at.isdigit() else max(ckpts, default=None)
-    if step not in ckpts:
-        fail(f"init_from {spec!r}: no checkpoint{' of step ' + at if at.isdigit() else ''} in {run_dir!r}"
+    if (step := max(ckpts, default=None) if at is None else at) not in ckpts:
+        fail(f"init_from {spec!r}: no checkpoint{'' if at is None else f' of step {at}'} in {run_dir!r}"
              + (f" (steps {sorted(ckpts)})" if ckpts else ""))
     ckpt = load_checkpoint(ckpts[step])
     trained = ckpt.get("tokenizer_tag") or ckpt["config"].get("tokenizer", "gpt2")   # its tag: an HF one's fingerprint
@@ -341,8 +338,8 @@ def peak_flops(device):
 
 
 def run_step(spec, step=None):
-    """(run folder, step) of RUN_DIR, RUN_DIR@STEP or RUN_DIR@latest (step None: the latest), the one way every command
-    names a checkpoint; an existing folder whose name holds '@' is itself. `step` (a --step) must not contradict it."""
+    """(run folder, step) of RUN_DIR, RUN_DIR@STEP or RUN_DIR@latest (step None: the latest), as every command names a
+    checkpoint; an existing folder whose name holds '@' is itself. `step` (a --step) must not contradict it."""
     run_dir, at, tail = spec.rpartition("@")
     if not at or os.path.isdir(spec):
         return spec, step
