@@ -105,7 +105,7 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
         raise SystemExit(f"error: {out} exists and is not empty (--overwrite replaces it)")
     out = real
     check_writable(os.path.dirname(out), "OUT's folder", folder=True)
-    model, enc, meta = load_run(run_dir, step, dtype=getattr(torch, dtype))
+    model, enc, meta = load_run(run_dir, step)
     if model.config.vocab_size < enc.n_vocab:
         raise SystemExit(f"error: the model's vocabulary ({model.config.vocab_size}) is smaller than that of "
                          f"tokenizer {enc.name!r} ({enc.n_vocab})")
@@ -117,6 +117,13 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
             print(f"warning: our chat template does not render in tokenizer {enc.name!r} as conversations.render "
                   "does; the folder has no chat template", file=sys.stderr)
     hf = model.to_hf()
+    with torch.no_grad():                        # an edited model.py (an ablation) is no longer the Llama that HF runs
+        x = (torch.arange(min(32, model.config.max_seq_len)) * 7919 % min(enc.n_vocab, model.config.vocab_size))[None]
+        ours, theirs = model(x).logits, hf(x).logits
+    if not torch.allclose(ours, theirs, rtol=1e-3, atol=1e-3 * max(1.0, ours.abs().max().item())):
+        raise SystemExit(f"error: transformers' Llama with these weights does not give this model's logits (max |Δ| "
+                         f"{(ours - theirs).abs().max().item():.2g}): model.py is no standard Llama; nothing written")
+    hf = hf.to(getattr(torch, dtype))            # checked in fp32, written in dtype
     ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
            "pad_token_id": tok.eos_token_id if tok.pad_token_id is None else tok.pad_token_id}
     hf.config.update(ids)

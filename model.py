@@ -257,7 +257,9 @@ class Llama(nn.Module):
     def reset_parameters(self):
         std = self.config.init_std
         for name, p in self.named_parameters():
-            if p.dim() == 1:                                     # RMSNorm gains
+            if name.endswith("bias"):                            # none in a Llama; an ablation's start at 0
+                nn.init.zeros_(p)
+            elif p.dim() == 1:                                   # RMSNorm gains (a LayerNorm's too)
                 nn.init.ones_(p)
             elif name.endswith(("o_proj.weight", "down_proj.weight")):
                 nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.config.n_layer))   # depth-scaled residual outputs
@@ -290,7 +292,7 @@ class Llama(nn.Module):
         loss = None
         if targets is not None and logits is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1)
-        elif targets is not None:
+        elif targets is not None:       # training's loss applies the head itself: edit cross_entropy_chunk with lm_head
             loss = chunked_cross_entropy(final_hidden, self.lm_head.weight, targets, self.loss_chunk, self.compile_loss)
         return LlamaOutput(logits, loss, hidden_states, final_hidden)
 

@@ -177,10 +177,19 @@ ASYNC_GROUP = {}
 
 def start_weights(cfg):
     """(state dict or None, model config) to build the model from. A fine-tuning run that has a checkpoint resumes
-    from it and never reads init_from again (the source may since have been pruned, deleted or gone offline)."""
-    if cfg.init_from and (ckpts := list_checkpoints(cfg.out_dir)):
-        return None, LlamaConfig(**load_checkpoint(ckpts[-1][1])["model_config"])
-    return init_weights(cfg.init_from, cfg.tokenizer) if cfg.init_from else (None, model_config(cfg))
+    from it and never reads init_from again (the source may since have been pruned, deleted or gone offline); a shape
+    setting that contradicts the weights' is an error, not silently ignored."""
+    if not cfg.init_from:
+        return None, model_config(cfg)
+    if ckpts := list_checkpoints(cfg.out_dir):
+        sd, mcfg = None, LlamaConfig(**load_checkpoint(ckpts[-1][1])["model_config"])
+    else:
+        sd, mcfg = init_weights(cfg.init_from, cfg.tokenizer)
+    shape = {f.name: getattr(mcfg, f.name) for f in dataclasses.fields(LlamaConfig)}
+    if wrong := [f"{k} = {getattr(cfg, k)!r} (the weights': {v!r})" for k, v in shape.items()
+                 if getattr(cfg, k, None) not in (None, v)]:
+        fail(f"init_from {cfg.init_from!r} gives the model's shape, but {', '.join(wrong)}: leave them out")
+    return sd, mcfg
 
 
 def init_weights(spec, tokenizer):

@@ -212,6 +212,23 @@ def test_own_tokenizer_without_a_template_gets_ours(tmp_path):
     assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and config["chat_template"] == export.CHAT_TEMPLATE
 
 
+def test_an_edited_model_is_not_exported_as_a_standard_llama(tmp_path, monkeypatch):
+    """An ablation of model.py (here the attention's output scaled) would export as a stock LlamaForCausalLM whose
+    logits are not the model's: refused in one line, nothing written. (Before: "wrote ...", logits 0.1 apart.)"""
+    import model as M
+    run = save_run(str(tmp_path / "run"))
+    forward = M.Attention.forward
+    monkeypatch.setattr(M.Attention, "forward", lambda self, *a, **k: 1.5 * forward(self, *a, **k))
+    with pytest.raises(SystemExit, match=r"^error: transformers' Llama with these weights does not give this model's "
+                                         r"logits \(max \|Δ\| .*\): model.py is no standard Llama; nothing written$"):
+        export.main([run, str(tmp_path / "hf")])
+    assert sorted(os.listdir(tmp_path)) == ["run"]
+    monkeypatch.setattr(M.Attention, "forward", forward)
+    export.main([run, str(tmp_path / "hf"), "--dtype", "bfloat16"])              # the model as it is: exported
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert hf.dtype == torch.bfloat16 and torch.equal(hf.model.norm.weight, R.load_run(run)[0].norm.weight.bfloat16())
+
+
 def test_refusals(tmp_path):
     run = save_run(str(tmp_path / "run"))
     (tmp_path / "none").mkdir()

@@ -207,6 +207,13 @@ def test_init_is_depth_scaled():
     assert abs(std(model.layers[0].attn.o_proj.weight) - 0.02 / 4) < 0.0005
     assert torch.equal(model.norm.weight, torch.ones(128))
     assert abs(std(model.tok_emb.weight) - 0.02) < 0.002 and abs(std(model.lm_head.weight) - 0.02) < 0.002
+    # an ablation's bias (here attention biases and a LayerNorm) starts at 0, its gain at 1. (Before: every 1-D
+    # parameter was set to 1, biases too.)
+    model.layers[0].attn.q_proj = torch.nn.Linear(128, 128, bias=True)
+    model.norm = torch.nn.LayerNorm(128)
+    model.reset_parameters()
+    assert torch.equal(model.layers[0].attn.q_proj.bias, torch.zeros(128)) and torch.equal(model.norm.bias, torch.zeros(128))
+    assert torch.equal(model.norm.weight, torch.ones(128)) and abs(std(model.layers[0].attn.q_proj.weight) - 0.02) < 0.002
 
 
 def test_the_training_objective_honours_every_jreg_setting():

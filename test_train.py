@@ -922,6 +922,20 @@ def test_init_from_a_run_of_another_tokenizer_is_refused(data_dir, sft_dir, tmp_
     assert not os.path.exists(tmp_path / "o")
 
 
+def test_init_from_with_a_shape_that_contradicts_the_weights_is_one_line(data_dir, sft_dir, tmp_path):
+    """(Before: --n_layer=2 --tie_embeddings=True were silently dropped, and config.json recorded them beside the
+    weights' 4 untied layers.) The same values as the weights' are accepted (every other init_from test passes TINY)."""
+    run(data_dir, tmp_path / "pre", "--max_steps=1", "--eval_interval=0")
+    with pytest.raises(SystemExit) as e:
+        run(data_dir, tmp_path / "o", f"--init_from={tmp_path / 'pre'}", f"--data_dir={sft_dir}", *SFT, "--n_layer=2",
+            "--tie_embeddings=True")
+    text = str(e.value.code)
+    del e                                                   # its traceback holds the run folder's lock
+    assert text == (f"error: init_from '{tmp_path / 'pre'}' gives the model's shape, but n_layer = 2 (the weights': 4), "
+                    "tie_embeddings = True (the weights': False): leave them out")
+    assert not os.path.exists(tmp_path / "o")
+
+
 def test_init_from_errors_are_one_line_and_latest_is_the_newest_checkpoint(data_dir, sft_dir, tmp_path, monkeypatch):
     """hf: missing, offline, not a Llama, broken, another tokenizer; RUN@word: each one `error:` line, nothing written.
     (Before: tracebacks.) RUN@latest is the newest checkpoint; an hf: folder without a tokenizer is used with a note."""
