@@ -241,10 +241,10 @@ def judge_answers(judge, prompts, questions, answers, references, cache, paralle
                 for turn in range(1, len(q["turns"]) + 1):
                     name, messages = judge_prompt(prompts, q, by_bench[bench][q["question_id"]], turn, ref)
                     key = (f"judgment|{bench}|{q['question_id']}|{turn}|{model_id}|{judge.model}|{name}|"
-                           + digest([messages, 0, judge.max_tokens]))
+                           + digest([messages, 0, judge.max_tokens, judge.url.rstrip("/")]))     # its server too
                     item = {"key": key, "kind": "judgment", "benchmark": bench, "question_id": q["question_id"],
                             "category": q["category"], "turn": turn, "model": model_id, "judge": judge.model,
-                            "prompt": name}
+                            "judge_url": judge.url.rstrip("/"), "prompt": name}
                     if cache.get(key):
                         records.append(cache.get(key))
                     else:

@@ -206,17 +206,21 @@ def test_shard_loss_tokens_in_a_model_template_leave_out_start(tmp_path):
 
 # ---- judge.py -----------------------------------------------------------------------------------------------
 
-def test_judgment_cache_names_the_judge_model_and_max_tokens(tmp_path, judge_server):
-    """Mutants: the judgment's cache key without judge.model (another judge's scores reused) or max_tokens."""
+def test_judgment_cache_names_the_judge_model_server_and_max_tokens(tmp_path, judge_server):
+    """Mutants: the judgment's cache key without judge.model (another judge's scores reused) or max_tokens. Two servers
+    that serve one model name (vLLM's --served-model-name judge) are two judges. (Before: the second server was never
+    asked, and the report named it beside the first one's scores.)"""
     questions, refs = mt_bench(("writing",))
     cache = J.Cache(str(tmp_path / "c.jsonl"))
     answers = {"m": ce.answer_questions(questions, "m", "m", fake_answers(), cache, progress=False)}
-    server = judge_server()
-    for model, max_tokens, sent in (("judge-x", 2048, 2), ("judge-x", 2048, 2), ("judge-y", 2048, 4),
-                                    ("judge-x", 512, 6)):
-        J.judge_answers(J.Judge(server.url, model, backoff=0, max_tokens=max_tokens), PROMPTS, questions, answers,
-                        refs, cache, 1, progress=False)
-        assert len(server.requests) == sent, (model, max_tokens)
+    server, other = judge_server(), judge_server()
+    for url, model, max_tokens, sent in ((server.url, "judge-x", 2048, 2), (server.url + "/", "judge-x", 2048, 2),
+                                         (server.url, "judge-y", 2048, 4), (server.url, "judge-x", 512, 6),
+                                         (other.url, "judge-x", 2048, 6)):
+        records = J.judge_answers(J.Judge(url, model, backoff=0, max_tokens=max_tokens), PROMPTS, questions, answers,
+                                  refs, cache, 1, progress=False)
+        assert len(server.requests) == sent and {r["judge_url"] for r in records} == {url.rstrip("/")}, (url, model, max_tokens)
+    assert len(other.requests) == 2
 
 
 # ---- chat_eval.py -------------------------------------------------------------------------------------------
