@@ -29,8 +29,8 @@ from profiles import (
     _zeta_l, blocks_and_norm, context_windows, plot_profiles, profile_model, profile_target, shards_tokenizer,
     text_documents, text_windows)
 from runs import (
-    check_device, check_hf_source, check_writable, checkpoint_path, int_at_least, list_checkpoints, load_hf, load_run,
-    max_length_of)
+    check_device, check_hf_source, check_writable, checkpoint_path, int_at_least, list_checkpoints, load_checkpoint,
+    load_hf, load_run, max_length_of)
 from tasks import HFModelLM, ModelLM, PAPER_TASKS, TASKS, evaluate_tasks, load_task, parse_tasks
 
 
@@ -186,8 +186,12 @@ def check_args(args):
     tasks = parse_tasks(args.tasks) if args.tasks else ([] if args.profile else PAPER_TASKS)
     if args.profile_task:
         parse_tasks([args.profile_task])
-    for run_dir in args.runs:
-        checkpoint_path(run_dir, args.step)
+    own = {run: load_checkpoint(checkpoint_path(run, args.step))["config"].get("data_dir") for run in args.runs}
+    if args.profile and not (args.shards or args.text or args.profile_task) and \
+            len({path and os.path.realpath(path) for path in own.values()}) > 1:      # each run's own val windows
+        raise SystemExit(f"error: --profile compares the models on the same windows, but the runs' own validation "
+                         f"data differ ({', '.join(f'{r}: {d}' for r, d in own.items())}): give --shards, --text or "
+                         "--profile_task")
     if args.hf:
         check_hf_source(args.hf, args.gguf)
     if args.profile and args.hf and not (args.shards or args.text or args.profile_task):
@@ -265,7 +269,8 @@ def evaluate_model(args, name, kind, path, tasks, task_data, report, save, seq_l
         return
     batches = profile_windows(args, lm, meta, task_data, seq_len, shards)
     analysis = None if args.analysis_tokens == -1 else args.analysis_tokens
-    entry["profile"] = {**profile_model(target, batches, analysis_tokens=analysis, progress=True), "seq_len": seq_len}
+    entry["profile"] = {**profile_model(target, batches, analysis_tokens=analysis, progress=True), "seq_len": seq_len,
+                        "windows": args.text or args.profile_task or args.shards or meta["config"]["data_dir"]}
     save()
     ckpts = list_checkpoints(meta["run_dir"]) if kind == "run" else []
     if args.all_ckpts or (args.plot and len(args.runs) == 1 and not args.hf and len(ckpts) > 1):

@@ -758,7 +758,7 @@ def test_profile_of_a_run_reads_train_val_windows(tmp_path, monkeypatch):
     E.main([run, "--profile", "--seq_len", "16", "--profile_tokens", "64", "--analysis_tokens", "0", "--out", str(out)])
     assert calls == [("DATA", "bytes", TOK.n_vocab, 16, 4)]
     model, _, _ = R.load_run(run, tokenizer=TOK)
-    expected = {**P.profile_model(model, [windows], analysis_tokens=0), "seq_len": 16}
+    expected = {**P.profile_model(model, [windows], analysis_tokens=0), "seq_len": 16, "windows": "DATA"}
     got = json.loads(out.read_text())["profile"]
     assert set(got) == set(expected) and all(got[k] == pytest.approx(expected[k]) for k in expected)
 
@@ -1134,6 +1134,16 @@ def test_models_of_different_max_seq_len_are_profiled_on_the_same_windows(tmp_pa
     model, tok, _ = R.load_run(sft_run)
     expected = P.profile_model(model, [P.text_windows(TK.ModelLM(model, tok), [str(text)], 4, 32)], analysis_tokens=0)
     assert res["models"]["sft"]["profile"]["psi"] == pytest.approx(expected["psi"], abs=1e-6)
+    assert [m["profile"]["windows"] for m in res["models"].values()] == [[str(text)]] * 2
+    # without --shards / --text, runs trained on other data have no windows in common: one line, before any model
+    # loads. (Before: each was profiled on its own validation data, side by side as if comparable.)
+    for run, data in ((base, "data/kjv"), (sft_run, "data/sharegpt")):
+        ckpt = torch.load(R.checkpoint_path(run), weights_only=False)          # not memory-mapped: rewritten
+        torch.save({**ckpt, "config": {**ckpt["config"], "data_dir": data}}, R.checkpoint_path(run))
+    with pytest.raises(SystemExit, match=f"^error: --profile compares the models on the same windows, but the runs' "
+                                         f"own validation data differ \\({base}: data/kjv, {sft_run}: data/sharegpt\\): "
+                                         "give --shards, --text or --profile_task$"):
+        E.main([base, sft_run, "--profile"])
     captured = capsys.readouterr()
     assert "profile windows: 32 tokens for every model (--seq_len 64; max_length of base (32))" in captured.err
     assert "| 0.0000 | 32 |" not in captured.out and captured.out.count(" | 32 |\n") == 2
