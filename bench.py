@@ -167,7 +167,8 @@ def bench_memory(mcfg, device, args, autocast, x, y):
     """--memory_probe: measured peaks beside estimate()'s, and step times, of one λ = 1 training step (forward +
     backward, gradients already allocated): the full-logits loss vs the chunked one, blocks stored vs checkpointed."""
     mode, n = ("autocast" if args.dtype == "bfloat16" else "fp32"), args.micro_batch * args.seq_len
-    model = Llama(mcfg).to(device)
+    with torch.device(device):                   # built in place (3.4B: no CPU init and copy)
+        model = Llama(mcfg)
     model.loss_chunk = args.loss_chunk
     run = torch.compile(model) if args.compile else model
     for p in model.parameters():

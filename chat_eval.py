@@ -460,7 +460,8 @@ def run(argv, locks):
         with open(prompts_file, "rb") as f:
             sha = hashlib.sha256(f.read()).hexdigest()
         report["judge"] = {"model": judge.model, "url": judge.url, "temperature": 0, "max_tokens": judge.max_tokens,
-                           "prompts": prompts_file, "prompts_sha256": sha}
+                           "prompts": prompts_file, "prompts_sha256": sha,    # and where its judgments were made:
+                           "judged_at": sorted({r.get("judge_url", "(not recorded)") for r in records})}
         report["models"] = {labels[m]: {"model_id": m, **summarize(records, m, benches),
                                         "context_limits": limits[m]} for m in answers}
         first, *others = answers

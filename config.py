@@ -31,11 +31,11 @@ class Config:
     # data: token shards of prepare_fineweb.py (pre-training) or conversations of prepare_sft.py (fine-tuning, packed)
     data_dir: str = "data/fineweb_edu"   # a folder of prepare_fineweb.py or prepare_sft.py
     tokenizer: str = "gpt2"         # the shards': gpt2 | bytes | a tiktoken name | hf:NAME_OR_DIR | hf:DIR/FILE.gguf
-    # fine-tuning or continued pre-training: the weights to start from (not resumed: a new run); the shape is theirs
+    # fine-tuning or continued pre-training: the weights to start from (not resumed: a new run), and their shape
     init_from: str = ""             # "" (random) | RUN_DIR (newest ckpt) | RUN_DIR@STEP | RUN_DIR@latest | hf:NAME_OR_DIR
     epochs: float = 0.0             # > 0: max_steps = epochs × windows per epoch / sequences per step
     warmup_ratio: float = 0.0       # > 0: warmup_steps = warmup_ratio × max_steps; set to 0: no warm-up
-    # model: a preset from model.PRESETS; any field set below (not None) overrides it
+    # model: a preset from model.PRESETS; any field set below (not None) overrides it (with init_from: must agree)
     model: str = "170m"             # a preset of model.PRESETS
     vocab_size: int = None          # rows of the embedding and the head (≥ the tokenizer's)
     n_layer: int = None             # blocks L

@@ -186,12 +186,14 @@ def check_args(args):
     tasks = parse_tasks(args.tasks) if args.tasks else ([] if args.profile else PAPER_TASKS)
     if args.profile_task:
         parse_tasks([args.profile_task])
-    own = {run: load_checkpoint(checkpoint_path(run, args.step))["config"].get("data_dir") for run in args.runs}
-    if args.profile and not (args.shards or args.text or args.profile_task) and \
-            len({path and os.path.realpath(path) for path in own.values()}) > 1:      # each run's own val windows
-        raise SystemExit(f"error: --profile compares the models on the same windows, but the runs' own validation "
-                         f"data differ ({', '.join(f'{r}: {d}' for r, d in own.items())}): give --shards, --text or "
-                         "--profile_task")
+    for run_dir in args.runs:
+        checkpoint_path(run_dir, args.step)
+    if args.profile and len(args.runs) > 1 and not (args.shards or args.text or args.profile_task):
+        own = {run: load_checkpoint(checkpoint_path(run, args.step))["config"].get("data_dir") for run in args.runs}
+        if len({path and os.path.realpath(path) for path in own.values()}) > 1:    # no val windows in common
+            raise SystemExit(f"error: --profile compares the models on the same windows, but the runs' own "
+                             f"validation data differ ({', '.join(f'{r}: {d}' for r, d in own.items())}): give "
+                             "--shards, --text or --profile_task")
     if args.hf:
         check_hf_source(args.hf, args.gguf)
     if args.profile and args.hf and not (args.shards or args.text or args.profile_task):

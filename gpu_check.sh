@@ -7,33 +7,40 @@
 #   4. 170M, compile + bf16: the loss with full fp32 logits vs chunked, speed and peak memory beside the estimate;
 #   5. 3.4B: one micro-batch (4 x 2048, or 2 x 2048 under 100 GiB) forward + backward (eager, bf16), its peak beside
 #      the estimate.
-# Each step runs under a time limit (STEP_S seconds, default 240); a step that fails or runs out is said, with the
-# end of its log, and the next one runs. After every step $OUT/summary.md holds the table of what has finished, and
-# $OUT/gpu_check.log every step's output; the random data and the run folders (tens of GB) go to $WORK.
+# Each step runs under a time limit (STEP_S seconds, default 240) and the whole under BUDGET_S (default 540, inside
+# one 10-minute call): a step that fails or runs out is said, with the end of its log, and the next one runs; a step
+# with under a minute left is skipped. After every step $OUT/summary.md holds the table of what has finished, and
+# $OUT/gpu_check.log every step's output as it comes; the random data and the run folders (tens of GB) go to $WORK.
 #   bash gpu_check.sh                    OUT=DIR (default /tmp/jreg_gpu_check)  WORK=DIR (default /tmp/jreg_gpu_work)
 #   STEPS="1 2" bash gpu_check.sh        some of the steps (default: all, in the order above)
 set -uo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-/tmp/jreg_gpu_check}; WORK=${WORK:-/tmp/jreg_gpu_work}; STEP_S=${STEP_S:-240}; STEPS=${STEPS:-1 2 3 4 5}
+END=$((SECONDS + ${BUDGET_S:-540}))
+export PYTHONUNBUFFERED=1                            # a step killed at its limit keeps what it printed
+PY=$(command -v python || command -v python3)
 mkdir -p "$OUT" "$WORK"
 LOG="$OUT/gpu_check.log"
-python -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), 'x', \
+"$PY" -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), 'x', \
 torch.cuda.device_count())" > "$WORK/device.txt" || { echo "error: no CUDA GPU visible" >&2; exit 1; }
 cat "$WORK/device.txt" | tee "$LOG"
-NGPU=$(python -c "import torch; print(torch.cuda.device_count())")
-GPU_GIB=$(python -c "import torch; print(round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1))")
+NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+GPU_GIB=$("$PY" -c "import torch; print(round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1))")
 
 run() {  # run NAME COMMAND...: under the time limit, its output in $WORK/NAME.txt and the log; a failure is said
-  local name=$1 t0=$SECONDS; shift
-  timeout "$STEP_S" "$@" > "$WORK/$name.txt" 2>&1
-  local rc=$?
-  { echo "== $name ($((SECONDS - t0)) s, exit $rc): $*"; cat "$WORK/$name.txt"; } >> "$LOG"
+  local name=$1 t0=$SECONDS left=$((END - SECONDS)); shift
+  if [ "$left" -lt 60 ]; then echo "$name: skipped (${left} s of BUDGET_S left)" | tee -a "$LOG"; return; fi
+  local limit=$((left < STEP_S ? left : STEP_S))
+  echo "== $name (limit $limit s): $*" >> "$LOG"
+  timeout "$limit" "$@" 2>&1 | tee "$WORK/$name.txt" >> "$LOG"
+  local rc=${PIPESTATUS[0]}
+  echo "== $name: $((SECONDS - t0)) s, exit $rc" >> "$LOG"
   echo "$name: $((SECONDS - t0)) s, exit $rc$([ $rc = 124 ] && echo ' (out of time)')"
   [ $rc = 0 ] || tail -n 20 "$WORK/$name.txt"
 }
 
 summary() {  # the table of what has finished, in $OUT/summary.md
-  python - "$WORK" "$OUT/summary.md" <<'PY'
+  "$PY" - "$WORK" "$OUT/summary.md" <<'PY'
 import json, os, re, statistics, sys
 work, summary = sys.argv[1:]
 text = lambda name: open(f"{work}/{name}.txt").read() if os.path.exists(f"{work}/{name}.txt") else ""
@@ -65,7 +72,7 @@ PY
 }
 
 data() {  # random GPT-2 token shards for train.py, and bench.py --memory's estimates of the configs it trains
-  [ -f "$WORK/data/manifest.json" ] || python - "$WORK/data" <<'PY'
+  [ -f "$WORK/data/manifest.json" ] || "$PY" - "$WORK/data" <<'PY'
 import os, sys, numpy as np
 from data import write_manifest, write_shard
 d = sys.argv[1]; os.makedirs(d, exist_ok=True)
@@ -75,14 +82,14 @@ for name, n in (("rand_val_000000.bin", 2_000_000), ("rand_train_000001.bin", 50
 write_manifest(d, {"rand_val_000000.bin": "val", "rand_train_000001.bin": "train"})
 PY
   for config in configs/1b.py configs/170m.py configs/170m_jreg.py; do   # one at a time: a config whose batch
-    python bench.py --memory "$config" --world "$NGPU" --gpu_gib "$GPU_GIB" 2>&1   # the GPUs do not divide fails alone
+    "$PY" bench.py --memory "$config" --world "$NGPU" --gpu_gib "$GPU_GIB" 2>&1   # the GPUs do not divide fails alone
   done > "$WORK/estimate.txt"
 }
 
 COMMON=(--data_dir="$WORK/data" --warmup_steps=5 --eval_batches=2)
 for step in $STEPS; do
   case $step in
-    1) run bench_170m python bench.py --preset 170m --device cuda --compile --dtype bfloat16 --micro_batch 16 \
+    1) run bench_170m "$PY" bench.py --preset 170m --device cuda --compile --dtype bfloat16 --micro_batch 16 \
            --seq_len 2048 --warmup 5 --repeats 10 ;;
     2) data
        for cfg in 170m 170m_jreg; do                  # 2 micro-batches of 32 x 2048 (the config's) per GPU a step
@@ -97,10 +104,10 @@ for step in $STEPS; do
            --ckpt_interval=10)
        run 1b torchrun --standalone --nproc_per_node="$NGPU" train.py "${B1[@]}" --max_steps=10
        run 1b_resume torchrun --standalone --nproc_per_node="$NGPU" train.py "${B1[@]}" --max_steps=20 ;;
-    4) run probe_170m python bench.py --memory_probe --preset 170m --device cuda --compile --dtype bfloat16 \
+    4) run probe_170m "$PY" bench.py --memory_probe --preset 170m --device cuda --compile --dtype bfloat16 \
            --micro_batch 16 --seq_len 2048 --warmup 3 --repeats 10 ;;
-    5) MB=$(python -c "print(4 if $GPU_GIB > 100 else 2)")  # 4 x 2048 with full logits: ~76 GiB, too near 80
-       run probe_3.4b python bench.py --memory_probe --preset 3.4b --device cuda --dtype bfloat16 --micro_batch "$MB" \
+    5) MB=$("$PY" -c "print(4 if $GPU_GIB > 100 else 2)")  # 4 x 2048 with full logits: ~76 GiB, too near 80
+       run probe_3.4b "$PY" bench.py --memory_probe --preset 3.4b --device cuda --dtype bfloat16 --micro_batch "$MB" \
            --seq_len 2048 --warmup 1 --repeats 2 ;;
     *) echo "error: STEPS: no step $step (1-5)" >&2; exit 1 ;;
   esac

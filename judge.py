@@ -233,7 +233,7 @@ def judge_answers(judge, prompts, questions, answers, references, cache, paralle
     """Judgment records of every (benchmark, question, turn, model): cached ones, then new ones from `parallel`
     concurrent requests, each cached as it completes. answers: {model_id: {benchmark: {qid: [turns]}}}."""
     from tqdm import tqdm
-    records, todo = [], []
+    records, todo, url = [], [], judge.url.rstrip("/")
     for model_id, by_bench in answers.items():
         for bench, qs in questions.items():
             for q in qs:
@@ -241,14 +241,18 @@ def judge_answers(judge, prompts, questions, answers, references, cache, paralle
                 for turn in range(1, len(q["turns"]) + 1):
                     name, messages = judge_prompt(prompts, q, by_bench[bench][q["question_id"]], turn, ref)
                     key = (f"judgment|{bench}|{q['question_id']}|{turn}|{model_id}|{judge.model}|{name}|"
-                           + digest([messages, 0, judge.max_tokens, judge.url.rstrip("/")]))     # its server too
+                           + digest([messages, 0, judge.max_tokens]))
                     item = {"key": key, "kind": "judgment", "benchmark": bench, "question_id": q["question_id"],
                             "category": q["category"], "turn": turn, "model": model_id, "judge": judge.model,
-                            "judge_url": judge.url.rstrip("/"), "prompt": name}
+                            "judge_url": url, "prompt": name}
                     if cache.get(key):
                         records.append(cache.get(key))
                     else:
                         todo.append((item, messages))
+
+    if elsewhere := sorted({r.get("judge_url") for r in records} - {None, url}):    # keyed by the model's name
+        print(f"note: cached judgments of {judge.model} made at {', '.join(elsewhere)} are reused, not asked of {url} "
+              "(another --cache judges again)", file=sys.stderr)
 
     def run(item, messages):
         try:

@@ -112,7 +112,7 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
     temporary name and renamed when whole. A model with a non-finite parameter is never saved."""
     finish_checkpoint()                           # the save in flight first: it may be the last good checkpoint
     bad = torch.tensor(float(any(not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
-                                 for p in model.parameters())))
+                                 for p in model.parameters())), device=next(model.parameters()).device)   # NCCL: CUDA
     if dist.is_initialized():
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
     if bad.item():

@@ -206,10 +206,10 @@ def test_shard_loss_tokens_in_a_model_template_leave_out_start(tmp_path):
 
 # ---- judge.py -----------------------------------------------------------------------------------------------
 
-def test_judgment_cache_names_the_judge_model_server_and_max_tokens(tmp_path, judge_server):
-    """Mutants: the judgment's cache key without judge.model (another judge's scores reused) or max_tokens. Two servers
-    that serve one model name (vLLM's --served-model-name judge) are two judges. (Before: the second server was never
-    asked, and the report named it beside the first one's scores.)"""
+def test_judgment_cache_names_the_judge_model_and_max_tokens_and_records_its_server(tmp_path, judge_server, capsys):
+    """Mutants: the judgment's cache key without judge.model (another judge's scores reused) or max_tokens. A judgment
+    records the server that made it, and reusing it for another server says so. (Before: the report named the second
+    server beside the first one's scores, with nothing to tell them apart.)"""
     questions, refs = mt_bench(("writing",))
     cache = J.Cache(str(tmp_path / "c.jsonl"))
     answers = {"m": ce.answer_questions(questions, "m", "m", fake_answers(), cache, progress=False)}
@@ -219,8 +219,10 @@ def test_judgment_cache_names_the_judge_model_server_and_max_tokens(tmp_path, ju
                                          (other.url, "judge-x", 2048, 6)):
         records = J.judge_answers(J.Judge(url, model, backoff=0, max_tokens=max_tokens), PROMPTS, questions, answers,
                                   refs, cache, 1, progress=False)
-        assert len(server.requests) == sent and {r["judge_url"] for r in records} == {url.rstrip("/")}, (url, model, max_tokens)
-    assert len(other.requests) == 2
+        assert len(server.requests) == sent and {r["judge_url"] for r in records} == {server.url}, (url, model)
+    assert not other.requests
+    assert capsys.readouterr().err.splitlines() == [f"note: cached judgments of judge-x made at {server.url} are "
+                                                    f"reused, not asked of {other.url} (another --cache judges again)"]
 
 
 # ---- chat_eval.py -------------------------------------------------------------------------------------------

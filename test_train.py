@@ -804,7 +804,7 @@ def test_sft_starts_from_a_pretraining_run_and_trains_on_assistant_tokens(data_d
     pre = torch.load(tmp_path / "pre" / "ckpt_0000002.pt", weights_only=False)["model"]
     steps, evals = run(data_dir, tmp_path / "sft", f"--data_dir={sft_dir}", f"--init_from={tmp_path / 'pre'}@2",
                        "--seq_len=128", "--batch_tokens=1024", "--micro_batch=4", "--epochs=1", "--warmup_ratio=0.1",
-                       "--eval_interval=100", "--n_layer=7")    # the shape comes from the initial weights, not n_layer
+                       "--eval_interval=100")    # the shape comes from the initial weights (TINY's n_layer is theirs)
     cfg = json.load(open(tmp_path / "sft" / "config.json"))
     per_epoch = CV.PackedStream(sft_dir, "train", 128, 0, "bytes", 320).per_epoch
     assert cfg["config"]["max_steps"] == math.ceil(per_epoch / 8) == len(steps)
@@ -1022,7 +1022,8 @@ def test_continued_pretraining_from_a_hugging_face_model_with_its_own_tokenizer(
     model, other = f"hf:{tmp_path / 'model'}", f"hf:{tmp_path / 'other'}"
     d = prepared(tmp_path / "d", SOURCE, "--tokenizer", model, "--val_tokens", "1024")
     args = [f"--tokenizer={model}", "--seq_len=64", "--batch_tokens=256", "--micro_batch=4", "--eval_batches=1",
-            "--eval_interval=1", "--max_steps=2", "--ckpt_interval=2", "--lr=1e-3"]
+            "--eval_interval=1", "--max_steps=2", "--ckpt_interval=2", "--lr=1e-3",
+            "--vocab_size=400", "--n_layer=2", "--d_model=32", "--ffn_hidden=64", "--tie_embeddings=True"]   # its shape
     for spec, tokenizer, message in ((other, model, "vocabulary fingerprints"), (other, other, "written with tokenizer")):
         with pytest.raises(SystemExit, match=message):
             run(d, tmp_path / "refused", *args, f"--init_from={spec}", f"--tokenizer={tokenizer}")
