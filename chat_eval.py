@@ -408,6 +408,7 @@ def main(argv=None):
 def run(argv, locks):
     args = parse_args(argv)
     benches = check_args(args)
+    specs = model_specs(args)                             # a bad run or step: one line, before any file is touched
     cache_path = args.cache or (os.path.splitext(args.out)[0] + ".cache.jsonl" if args.out else "chat_eval_cache.jsonl")
     if args.out and os.path.abspath(args.out) == os.path.abspath(cache_path):
         raise SystemExit(f"error: --out and --cache name the same file, {args.out}: the report would replace the cache")
@@ -432,7 +433,6 @@ def run(argv, locks):
     if args.judge_url:
         prompts_file = args.judge_prompts or fastchat_data("judge_prompts.jsonl")
         prompts = load_judge_prompts(prompts_file)
-    specs = model_specs(args)
     cache = Cache(cache_path)
     device = check_device(args.device)
 

@@ -641,6 +641,7 @@ def test_run_at_step_names_a_checkpoint_in_every_command(tmp_path, data_dir):
                        (export.main, [run + "@10", str(tmp_path / "hf"), "--step", "20"])):
         with pytest.raises(SystemExit, match=f"^error: {re.escape(run)}@10 and --step 20 name two checkpoints"):
             main(argv)
+    assert not os.path.exists("chat_eval_cache.jsonl.lock")     # refused before its default cache is locked
     assert R.load_run(run + "@10")[2]["step"] == R.load_run(run, 10)[2]["step"] == 10
     os.rename(run, run + "@20")                            # a folder whose name holds '@' is itself
     assert R.load_run(run + "@20")[2]["step"] == 20
