@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, by hand on a CUDA machine (nothing in CI needs one). Five steps, the most telling first:
 #   1. 170M, compile + bf16, one GPU: our step vs transformers', tok/s and MFU, λ = 0 vs λ = 1 (bench.py);
-#   2. train.py end to end on every GPU (DDP, compile, bf16, eval, checkpoint) for 170M, λ = 0 and λ = 1;
+#   2. train.py end to end on every GPU (DDP, compile, bf16, eval, checkpoint) for 170M with JREG (λ = 1);
 #   3. 1B under FSDP2 (compile, bf16, gradient accumulation, sharded checkpoints): 10 steps, a resume to 20,
 #      its peak memory beside bench.py --memory's estimate;
 #   4. 170M, compile + bf16: the loss with full fp32 logits vs chunked, speed and peak memory beside the estimate;
@@ -92,7 +92,7 @@ for step in $STEPS; do
     1) run bench_170m "$PY" bench.py --preset 170m --device cuda --compile --dtype bfloat16 --micro_batch 16 \
            --seq_len 2048 --warmup 5 --repeats 10 ;;
     2) data
-       for cfg in 170m 170m_jreg; do                  # 2 micro-batches of 32 x 2048 (the config's) per GPU a step
+       for cfg in 170m_jreg; do             # (λ = 0 vs 1: step 1) 2 micro-batches of 32 x 2048 (the config's) per GPU
          rm -rf "${WORK:?}/$cfg"
          run "$cfg" torchrun --standalone --nproc_per_node="$NGPU" train.py "configs/$cfg.py" "${COMMON[@]}" \
              --out_dir="$WORK/$cfg" --batch_tokens=$((2 * 32 * 2048 * NGPU)) --max_steps=20 --eval_interval=10 \
