@@ -381,7 +381,7 @@ def bench_training(mcfg, device, args, autocast, x, y):
         print(f"forward+backward   ours {1e3 * fb['ours']:8.1f} ms   HF {1e3 * fb['HF']:8.1f} ms   "
               f"speed ratio ours/HF = {fb['HF'] / fb['ours']:.3f}x")
     t = race(contenders, device, args.warmup, args.repeats)
-    peak = peak_flops(device)
+    product, peak = peak_flops(device)
     flops = base_model.flops_per_token(args.seq_len) * x.numel()
     for name, sec in t.items():
         mfu = f"   MFU {100 * flops / sec / peak:5.1f}%" if peak else ""
@@ -390,8 +390,10 @@ def bench_training(mcfg, device, args, autocast, x, y):
     if "HF λ=0" in t:
         print(f"training step speed ours/HF: {t['HF λ=0'] / t['ours λ=0']:.3f}x")
     if device.type == "cuda":
-        print(f"device {torch.cuda.get_device_name(device)}; peak bf16 {peak / 1e12 if peak else 'unknown'} TFLOP/s "
-              f"(table: {', '.join(k for k, _ in PEAK_FLOPS)}); max memory {torch.cuda.max_memory_allocated() / 1e9:.1f} GB")
+        print(f"device {torch.cuda.get_device_name(device)}; peak bf16 "
+              + (f"{peak / 1e12:g} TFLOP/s (of {product})" if peak else
+                 f"unknown (products: {', '.join(p for _, p, _ in PEAK_FLOPS)})")
+              + f"; max memory {torch.cuda.max_memory_allocated() / 1e9:.1f} GB")
 
 
 def main(argv=None):

@@ -26,6 +26,7 @@ class Config:
     dtype: str = "auto"             # auto (bf16 autocast on CUDA, fp32 elsewhere) | bfloat16 | float32
     compile: bool = True            # torch.compile the training step (eval stays eager, but for FSDP's compiled blocks)
     fsdp: bool = False              # FSDP2 (fully_shard) instead of DDP: shards parameters and optimizer state
+    fsdp_param_dtype: str = "float32"   # FSDP2 gathers weights in: float32 (as DDP) | bfloat16 (half the bytes)
     activation_checkpointing: bool = False   # recompute each block in the backward pass instead of storing it
     dist_timeout_min: int = 30      # torch.distributed timeout: ranks wait this long for rank 0's checkpoint write
     # data: token shards of prepare_fineweb.py (pre-training) or conversations of prepare_sft.py (fine-tuning, packed)
@@ -80,7 +81,7 @@ class Config:
 
 
 # settings that may differ when a run is resumed (recorded in config.json's history); all others must match
-RESUMABLE = {"max_steps", "epochs", "device", "dtype", "compile", "fsdp", "activation_checkpointing",
+RESUMABLE = {"max_steps", "epochs", "device", "dtype", "compile", "fsdp", "fsdp_param_dtype", "activation_checkpointing",
              "dist_timeout_min", "micro_batch", "lr", "min_lr_ratio", "warmup_steps", "warmup_ratio", "grad_clip",
              "max_bad_steps", "log_interval", "eval_interval", "eval_batches", "ckpt_interval", "keep_ckpts",
              "keep_every", "sharded_ckpt", "async_ckpt", "wandb_project", "wandb_run_name"}
@@ -168,8 +169,17 @@ def load_config(argv):
     return cfg
 
 
+MIN_TORCH = "2.6"   # the oldest torch with every API used (docs/training.md lists them): fully_shard's public path
+
+
+def check_torch(version=torch.__version__):
+    if torch.torch_version.Version(version).release[:2] < tuple(map(int, MIN_TORCH.split("."))):  # 2.6 nightlies too
+        fail(f"torch {version} is older than {MIN_TORCH}, the oldest this project supports: pip install 'torch>={MIN_TORCH}'")
+
+
 def check_config(cfg):
     """Every setting in range, before anything is built or written."""
+    check_torch()
     def need(ok, key, what):
         if not ok:
             fail(f"config key {key!r} = {getattr(cfg, key)!r}: {what}")
@@ -190,6 +200,7 @@ def check_config(cfg):
     need(cfg.model in PRESETS, "model", f"choose one of {sorted(PRESETS)}")
     need(cfg.jreg_weighting in WEIGHTINGS, "jreg_weighting", f"choose one of {WEIGHTINGS}")
     need(cfg.dtype in ("auto", "bfloat16", "float32"), "dtype", "choose auto, bfloat16 or float32")
+    need(cfg.fsdp_param_dtype in ("bfloat16", "float32"), "fsdp_param_dtype", "choose bfloat16 or float32")
     need(cfg.sharded_ckpt or not cfg.async_ckpt, "async_ckpt", "needs sharded_ckpt=True")
     need(not cfg.wandb_project or importlib.util.find_spec("wandb"), "wandb_project", "needs wandb: pip install wandb")
     if cfg.device != "auto":

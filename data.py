@@ -12,6 +12,7 @@ Shard: a 256-byte header (magic JREGTOKS, version, bytes per token, vocabulary s
 tokenizer_tag) then uint16 tokens (uint32 when the vocabulary exceeds 65,536). Writes are atomic (write_atomic).
 ShardStream is a deterministic, resumable stream of (seq_len + 1)-token windows whose whole state is one integer.
 """
+import errno
 import fcntl
 import glob
 import hashlib
@@ -61,7 +62,12 @@ def lock_file(path, refusal):
     f = open(path, "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as e:
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):         # no flock here: Lustre -o noflock, some NFS
+            f.close()
+            raise SystemExit(f"error: cannot lock {path}: {e.strerror or e} (errno {e.errno}): its file system does "
+                             "not support flock (Lustre mounted without flock, some NFS): put the folder on one that "
+                             "does (local disk, or Lustre mounted with -o flock)") from None
         f.seek(0)
         raise SystemExit("error: " + refusal.replace("{holder}", f.read().strip() or "unknown")) from None
     f.truncate(0)

@@ -120,9 +120,7 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
     master = int(os.environ.get("RANK", 0)) == 0
     meta = {"model_config": dataclasses.asdict(model.config), "config": dataclasses.asdict(cfg),
             "tokenizer_tag": tokenizer_tag(cfg.tokenizer), "step": step,
-            "tokens": step * cfg.batch_tokens, "data_state": {"seq_index": seq_index}, "data_identity": data_id,
-            "rng": {"torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+            "tokens": step * cfg.batch_tokens, "data_state": {"seq_index": seq_index}, "data_identity": data_id}
     path = os.path.join(cfg.out_dir, f"ckpt_{step:07d}" + ("" if cfg.sharded_ckpt else ".pt"))
     if cfg.sharded_ckpt:
         save_sharded(cfg, path, model, optimizer, meta, master)
@@ -274,9 +272,9 @@ def restore(ckpt, model, optimizer, fsdp):
     else:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-    torch.set_rng_state(ckpt["rng"]["torch"])
-    if ckpt["rng"]["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+    # No random-number state is restored (older checkpoints' "rng" is ignored): training draws no random numbers after
+    # the seeded initialisation (no dropout; the data order is numpy's, seeded by seed and epoch), so a resume is exact
+    # on any number of processes and GPUs. An ablation that adds dropout must save each rank's own generator.
 
 
 def lock_run(out_dir):
@@ -322,28 +320,47 @@ def read_log(path, last_step):
     return [r for r in records if r["step"] <= last_step]
 
 
+def git(*args):
+    """git's output in this repository's folder, or None where git is not installed (many GPU images) or fails."""
+    try:
+        done = subprocess.run(["git", *args], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__)))
+    except OSError:
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 def run_info(device):
-    here = os.path.dirname(os.path.abspath(__file__))
-    git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=here).stdout.strip()
-    return {"git_commit": git("rev-parse", "HEAD") or None, "git_dirty": bool(git("status", "--porcelain",
-            "--untracked-files=no")), "torch": torch.__version__, "python": sys.version.split()[0],
+    status = git("status", "--porcelain", "--untracked-files=no")
+    product, _ = peak_flops(device)
+    return {"git_commit": git("rev-parse", "HEAD"), "git_dirty": None if status is None else bool(status),
+            "torch": torch.__version__, "python": sys.version.split()[0],
             "platform": platform.platform(), "cpu": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "device": torch.cuda.get_device_name(device) if device.type == "cuda"
-            else device.type, "world_size": int(os.environ.get("WORLD_SIZE", 1)), "argv": sys.argv,
-            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+            else device.type, "peak_flops_of": product, "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+            "argv": sys.argv, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
-# peak dense bf16 tensor FLOP/s by device name, for MFU; unknown devices log mfu = null
-PEAK_FLOPS = [("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("GH200", 989e12), ("B200", 2250e12),
-              ("A100", 312e12), ("A800", 312e12), ("L40S", 362e12), ("L4", 121e12), ("A10G", 70e12),
-              ("A10", 125e12), ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("MI300X", 1307e12), ("MI250X", 383e12)]
+# Peak dense bf16 tensor FLOP/s for MFU, by the product name CUDA reports (a leading "NVIDIA " dropped), matched in
+# full: an H100 PCIe or NVL is not an H100 SXM. An unknown device logs mfu = null.
+PEAK_FLOPS = [(r"H100( 80GB HBM3| SXM5.*)?", "H100 SXM", 989e12), (r"H100 NVL", "H100 NVL", 835e12),
+              (r"H100 PCIe", "H100 PCIe", 756e12), (r"H200( 141GB HBM3e)?", "H200 SXM", 989e12),
+              (r"H200 NVL", "H200 NVL", 835e12), (r"GH200.*", "GH200", 989e12), (r"B200", "B200", 2250e12),
+              (r"A100[- ].*", "A100", 312e12), (r"A800[- ].*", "A800", 312e12), (r"L40S", "L40S", 362e12),
+              (r"L4", "L4", 121e12), (r"A10G", "A10G", 70e12), (r"A10", "A10", 125e12),
+              (r"GeForce RTX 4090", "RTX 4090", 165e12), (r"GeForce RTX 3090", "RTX 3090", 71e12),
+              (r"AMD Instinct MI300X.*", "MI300X", 1307e12), (r"AMD Instinct MI250X.*", "MI250X", 383e12)]
+
+
+def peak_flops_of(name):
+    """(the product whose peak applies, its peak FLOP/s) of a device name, or (None, None)."""
+    name = name.removeprefix("NVIDIA ").strip()
+    return next(((product, peak) for pattern, product, peak in PEAK_FLOPS if re.fullmatch(pattern, name)), (None, None))
 
 
 def peak_flops(device):
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in PEAK_FLOPS if key in name), None)
+    """(product, peak dense bf16 FLOP/s) of a CUDA device (peak_flops_of); (None, None) elsewhere."""
+    return peak_flops_of(torch.cuda.get_device_name(device)) if device.type == "cuda" else (None, None)
 
 
 def run_step(spec, step=None):

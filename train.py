@@ -13,6 +13,7 @@ line, exit status 1.
 """
 import dataclasses
 import gc
+import inspect
 import json
 import math
 import os
@@ -80,8 +81,7 @@ def processes(cfg):
     if rest or rest2 or grad_accum == 0:
         fail(f"batch_tokens {cfg.batch_tokens} must be a multiple of seq_len · micro_batch · world_size"
              f" = {cfg.seq_len} · {cfg.micro_batch} · {world}")
-    if cfg.device == "auto":
-        cfg.device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    cfg.device = process_device(cfg.device, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     device = torch.device(cfg.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -90,6 +90,19 @@ def processes(cfg):
     torch.backends.cudnn.allow_tf32 = True
     bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
     return ddp, rank, world, grad_accum, device, bf16
+
+
+def process_device(name, local_rank, local_world):
+    """The device of this process: auto and a bare cuda are this node's GPU local_rank (torchrun's one GPU per process);
+    cuda:N is refused where several processes of the node would all land on GPU N."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        return f"cuda:{local_rank}"
+    if name.startswith("cuda:") and local_world > 1:
+        fail(f"device = {name!r} puts all {local_world} processes of this node on one GPU: use device=cuda (or auto), "
+             "which gives each process the GPU of its LOCAL_RANK")
+    return name
 
 
 def build(cfg, mcfg, device, bf16, init_sd):
@@ -103,15 +116,22 @@ def build(cfg, mcfg, device, bf16, init_sd):
     if init_sd is not None:
         model.load_state_dict(init_sd)
     if cfg.fsdp:                                        # torchtitan's placement: each block compiled, then sharded
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         if cfg.compile:                                 # the top level in parts: final norm, the loss's chunks (head
             model.norm.compile()                        # and cross-entropy); JregObjective compiles the penalty
             model.compile_loss = True
+        # weights gathered in fsdp_param_dtype, gradients always reduced in fp32 (docs/training.md, "Numerics")
+        shard = dict(mp_policy=MixedPrecisionPolicy(param_dtype=getattr(torch, cfg.fsdp_param_dtype),
+                                                    reduce_dtype=torch.float32))
+        if not mcfg.tie_embeddings:                     # as torchtitan: the embedding its own group, resharded after
+            fully_shard(model.tok_emb, **shard)         # forward; (a tied one stays with the root: one matrix)
         for block in model.layers:
             if cfg.compile:
                 block.compile()                         # in place: parameter names unchanged
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, **shard)
+        if not mcfg.tie_embeddings:                     # final norm and head: the backward starts there, so they stay
+            fully_shard([model.norm, model.lm_head], reshard_after_forward=False, **shard)   # gathered
+        fully_shard(model, **shard)
     decay = [p.dim() >= 2 and (cfg.decay_embeddings or p is not model.tok_emb.weight) for p in model.parameters()]
     groups = [[p for p, d in zip(model.parameters(), decay) if d == on] for on in (True, False)]
     optimizer = torch.optim.AdamW([{"params": groups[0], "weight_decay": cfg.weight_decay},
@@ -165,6 +185,26 @@ def evaluate(model, val_data, cfg, device, autocast, ddp):
 # ----------------------------------------------------------------------------------------------------------
 # One optimizer step
 
+def wrap_ddp(module, device):
+    """DDP as torchtitan sets it for a compiled model: no broadcast of buffers (the only ones, RoPE's tables, never
+    change) and 100 MB gradient buckets (compiled DDP breaks the graph at each bucket: 25 MB cut a 170M model's into
+    ~26 pieces)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else \
+        "broadcast_buffers"                                      # its name before torch 2.13
+    return DDP(module, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=100,
+               **{no_sync: False})
+
+
+def to_device(batches, device):
+    """A step's micro-batches on the device: copied from pinned memory, so the copies do not stop the host (a copy from
+    pageable memory to a GPU waits for the GPU)."""
+    if device.type == "cpu":
+        return batches
+    move = lambda t: None if t is None else t.pin_memory().to(device, non_blocking=True)   # noqa: E731
+    return [tuple(move(t) for t in batch) for batch in batches]
+
+
 def accumulate(train_step, objective, model, batches, cfg, device, autocast, ddp, world):
     """Forward and backward of the micro-batches: CE and Ψ are means over the whole global batch (its targets, its
     real tokens), whatever the micro-batching. Returns [ce, penalty, loss, Ψ_1..Ψ_L], averaged over processes."""
@@ -175,9 +215,7 @@ def accumulate(train_step, objective, model, batches, cfg, device, autocast, ddp
         dist.all_reduce(totals)
     shares = counts * world / totals.clamp(min=1)                 # × world: DDP averages gradients over ranks
     sums = torch.zeros(3 + model.config.n_layer, device=device)
-    for micro, (x, y, real) in enumerate(batches):
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        real = real if real is None else real.to(device, non_blocking=True)
+    for micro, (x, y, real) in enumerate(to_device(batches, device)):
         last = micro == len(batches) - 1
         if ddp and not cfg.fsdp:
             objective.require_backward_grad_sync = last           # gradients are all-reduced on the last micro-step only
@@ -286,11 +324,10 @@ def main(argv):
 
     objective = train_step = JregObjective(model, cfg, compile_penalty=cfg.compile and cfg.fsdp).to(device)
     if ddp and not cfg.fsdp:                      # DDP before compile, as PyTorch documents: buckets overlap the backward
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        objective = train_step = DDP(objective, device_ids=[device.index] if device.type == "cuda" else None)
+        objective = train_step = wrap_ddp(objective, device)
     if cfg.compile and not cfg.fsdp:
         train_step = torch.compile(objective)
-    flops_per_step, peak = model.flops_per_token(cfg.seq_len) * cfg.batch_tokens, peak_flops(device)
+    flops_per_step, (_, peak) = model.flops_per_token(cfg.seq_len) * cfg.batch_tokens, peak_flops(device)
     stop = {"signal": None}
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.update(signal=signum))
