@@ -110,7 +110,8 @@ def estimate(mcfg, micro_batch, seq_len, mode="autocast", checkpointing=False, l
         phases["recompute"] = (n * (kept + streams + block + 2 * c * f) + 2 * p_block * (c == 2), 0)
     activations, logits = max(phases.values(), key=sum)
     shard = world if fsdp else 1
-    parts = dict(weights=4 * P / shard + (4 * (p_top + 2 * p_block) if fsdp else 0),  # FSDP: root, 2 blocks gathered
+    p_head = p_top if mcfg.tie_embeddings else V * d + d   # FSDP's gathered groups at the backward's start: the final
+    parts = dict(weights=4 * P / shard + (4 * (p_head + 2 * p_block) if fsdp else 0),   # norm and head, two blocks
                  gradients=4 * P / shard, optimizer=8 * P / shard,                       # AdamW: two fp32 moments
                  # DDP: its fp32 gradient buckets; FSDP accumulating micro-batches: the unsharded fp32 gradients
                  buffers=4 * P if not fsdp or grad_accum > 1 else 0, activations=activations, logits=logits)
