@@ -23,15 +23,16 @@ import sys
 import numpy as np
 import torch
 
-from conversations import PackedStream, is_conversations
+from lib.conversations import PackedStream, is_conversations
 from data import val_windows, write_atomic
-from profiles import (
+from lib.profiles import (
     _zeta_l, blocks_and_norm, context_windows, plot_profiles, profile_model, profile_target, shards_tokenizer,
     text_documents, text_windows)
+from lib.hf import check_hf_source, load_hf
 from runs import (
-    check_device, check_hf_source, check_writable, checkpoint_path, int_at_least, list_checkpoints, load_checkpoint,
-    load_hf, load_run, max_length_of)
-from tasks import HFModelLM, ModelLM, PAPER_TASKS, TASKS, evaluate_tasks, load_task, parse_tasks
+    check_device, check_writable, checkpoint_path, int_at_least, list_checkpoints, load_checkpoint, load_run,
+    max_length_of)
+from lib.tasks import HFModelLM, ModelLM, PAPER_TASKS, TASKS, evaluate_tasks, load_task, parse_tasks
 
 
 # ==========================================================================================================

@@ -70,66 +70,68 @@ def jreg_penalty(hidden_states, alpha, weighting="index", mask=None, skip_first=
 
 
 class Profile:
-    """Ψ averaged over every token of many batches (each batch weighted by its token count), for both h_L
-    conventions, with and without position 0, and the loss; ζ is computed from the averaged Ψ. train.py's periodic
-    eval and evaluate.py's layer profiles both use it, so their numbers agree by construction."""
+    """Ψ averaged over every token of many batches (each batch weighted by its token count), for both h_L conventions,
+    with and without position 0, and the loss; ζ is computed from the averaged Ψ. train.py's periodic eval and
+    evaluate.py's layer profiles both use it, so their numbers agree by construction."""
 
-    KEYS = {"psi": (False, False), "psi_normed": (True, False), "psi_skip_first": (False, True),
-            "psi_normed_skip_first": (True, True)}           # key: (h_L after the final norm, skip position 0)
+    VARIANTS = {"psi": dict(final_norm=False, skip_first=False), "psi_normed": dict(final_norm=True, skip_first=False),
+                "psi_skip_first": dict(final_norm=False, skip_first=True),
+                "psi_normed_skip_first": dict(final_norm=True, skip_first=True)}
 
     def __init__(self):
-        self.sums = None                                      # [Ψ sums for each key..., tokens, tokens_skip_first, loss, n_loss]
+        self.sums = {}                                # name -> running float64 sum: Ψ·tokens per variant, counts, loss
 
     def add(self, hidden_states, final_hidden, mask=None, loss_sum=0.0, n_loss=0):
-        """One batch: hidden_states = [h_0..h_L] (raw), final_hidden = h_L after the final norm, mask [B, T] of real
-        tokens (None: all), loss_sum over n_loss predicted tokens."""
+        """One batch: hidden_states = [h_0..h_L] (raw), final_hidden = h_L after the final norm, mask [B, T] of the
+        tokens to count (None: all), loss_sum over n_loss predicted tokens."""
         h = hidden_states[0]
         mask = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device) if mask is None else mask.bool()
-        n = (mask.sum(), mask[:, 1:].sum())
-        parts = []
-        for normed, skip_first in self.KEYS.values():
-            hs = hidden_states[:-1] + [final_hidden] if normed else hidden_states
-            count = n[skip_first]
-            psi = displacement(hs, mask, skip_first) * count if count > 0 else h.new_zeros(len(hs) - 1, dtype=torch.float32)
-            parts.append(psi.double())
-        parts.append(torch.stack([n[0], n[1], torch.as_tensor(loss_sum, device=h.device), torch.as_tensor(n_loss, device=h.device)]).double())
-        batch = torch.cat(parts)
-        self.sums = batch if self.sums is None else self.sums + batch
+        batch = {"n_tokens": mask.sum(), "n_tokens_skip_first": mask[:, 1:].sum(),
+                 "loss_sum": torch.as_tensor(loss_sum, device=h.device), "n_loss": torch.as_tensor(n_loss, device=h.device)}
+        for name, variant in self.VARIANTS.items():
+            hs = hidden_states[:-1] + [final_hidden] if variant["final_norm"] else hidden_states
+            count = batch["n_tokens_skip_first" if variant["skip_first"] else "n_tokens"]
+            batch[name] = displacement(hs, mask, variant["skip_first"]) * count if count > 0 else \
+                h.new_zeros(len(hs) - 1, dtype=torch.float32)
+        for name, value in batch.items():
+            self.sums[name] = self.sums.get(name, 0) + value.double()
 
     def result(self, all_reduce=None):
         """A dict of lists: psi (Ψ_1..Ψ_L), zeta (ζ_2..ζ_L; empty for one layer), the normed / skip-first variants,
         n_tokens, n_tokens_skip_first, loss. all_reduce: e.g. torch.distributed.all_reduce, to sum over processes."""
-        sums = self.sums.clone()
-        if all_reduce is not None:
-            all_reduce(sums)
-        L = (len(sums) - 4) // len(self.KEYS)
-        n_tokens, n_skip, loss_sum, n_loss = sums[-4:].tolist()
-        out = {"n_layer": L, "n_tokens": int(n_tokens), "n_tokens_skip_first": int(n_skip),
-               "loss": loss_sum / n_loss if n_loss else None}
-        for i, (key, (normed, skip_first)) in enumerate(self.KEYS.items()):
-            count = n_skip if skip_first else n_tokens
-            if count:
-                psi = sums[i * L:(i + 1) * L] / count
-                out[key], out[key.replace("psi", "zeta")] = psi.tolist(), jump_rate(psi).tolist()
+        sums = {name: value.clone() for name, value in self.sums.items()}
+        for name in sorted(sums):                     # the same order on every process
+            if all_reduce is not None:
+                all_reduce(sums[name])
+        n_tokens, n_skip = int(sums["n_tokens"]), int(sums["n_tokens_skip_first"])
+        out = {"n_layer": len(sums["psi"]), "n_tokens": n_tokens, "n_tokens_skip_first": n_skip,
+               "loss": (sums["loss_sum"] / sums["n_loss"]).item() if sums["n_loss"] else None}
+        for name, variant in self.VARIANTS.items():
+            if count := (n_skip if variant["skip_first"] else n_tokens):
+                psi = sums[name] / count
+                out[name], out[name.replace("psi", "zeta")] = psi.tolist(), jump_rate(psi).tolist()
         return out
 
 
 class JregObjective(nn.Module):
-    """CE and the penalty Σ_l w_l Ψ_l from one forward. Wraps the model so that torch.compile sees both as one graph;
+    """One micro-batch's cross-entropy, the penalty Σ_l w_l Ψ_l and Ψ_1..Ψ_L, from one forward of `model`, so that
+    torch.compile traces them as one graph (and DDP wraps them as one module). Every setting of the penalty but λ is
+    an argument here: w = layer_weights(L, alpha, weighting); h_L raw or after the final norm (final_norm); position 0
+    left out (skip_first); penalize=False (λ = 0, the baseline) computes Ψ for the log only, outside autograd.
     compile_penalty: the penalty compiled on its own (FSDP, where the model is compiled in parts)."""
 
-    def __init__(self, model, cfg, compile_penalty=False):
+    def __init__(self, model, alpha=1.0, weighting="index", final_norm=False, skip_first=False, penalize=True,
+                 compile_penalty=False):
         super().__init__()
-        self.model, self.cfg = model, cfg
+        self.model, self.final_norm, self.skip_first, self.penalize = model, final_norm, skip_first, penalize
         self.displacement = torch.compile(displacement) if compile_penalty else displacement
-        self.register_buffer("weights", layer_weights(model.config.n_layer, cfg.jreg_alpha, cfg.jreg_weighting),
-                             persistent=False)
+        self.register_buffer("weights", layer_weights(model.config.n_layer, alpha, weighting), persistent=False)
 
-    def forward(self, x, y, real=None):
-        cfg = self.cfg
-        out = self.model(x, y, return_logits=False)             # the loss chunked: no full fp32 logits
-        hs = streams(out, cfg.jreg_final_norm)
-        if cfg.jreg_lambda == 0:                      # the baseline: Ψ only for the log, outside autograd
+    def forward(self, x, y, mask=None):
+        """mask [B, T]: the tokens Ψ counts (None: all; packed fine-tuning data leaves padding out)."""
+        out = self.model(x, y)                                  # the loss chunked: no full logits
+        hs = streams(out, self.final_norm)
+        if not self.penalize:
             hs = [h.detach() for h in hs]
-        psi = self.displacement(hs, mask=real, skip_first=cfg.jreg_skip_first)  # real: padding left out
+        psi = self.displacement(hs, mask=mask, skip_first=self.skip_first)
         return out.loss, (self.weights * psi).sum(), psi.detach()

@@ -4,25 +4,23 @@ A compact Llama that returns every residual stream.
 Pre-norm RMSNorm, rotary position embeddings (precomputed buffer), grouped-query attention through
 F.scaled_dot_product_attention, SwiGLU MLP, no biases, final RMSNorm, LM head. Nothing distributed.
 
-    out = model(idx, targets)
-    out.logits          [B, T, vocab]
-    out.loss            mean cross-entropy over targets != -1 (None without targets)
-    out = model(idx, targets, return_logits=False)     # training: logits None, the loss computed loss_chunk positions
-                                                       # at a time, so full fp32 logits never exist (chunked_cross_entropy)
+    model = Llama(cfg)                       # Llama(cfg, activation_checkpointing=True, loss_chunk=1024): training's
+    out = model(idx)                         # out.logits [B, T, vocab]
+    out = model(idx, targets)                # out.loss: mean cross-entropy over targets != -1, logits None (training
+                                             # and evaluation: computed loss_chunk positions at a time through lm_head,
+                                             # so full logits never exist; ChunkedCrossEntropy)
     out.hidden_states   [h_0, h_1, ..., h_L]: h_0 the embedding output, h_l the raw residual stream after block l
     out.final_hidden    norm(h_L), the vector the LM head reads (what Hugging Face reports as its last hidden state)
 
-    out = model(idx, cache=KVCache(cfg, B, max_len, device, dtype), positions=pos, real=real)   # generation
-        appends idx after the cache.len positions already cached: the same modules and attention as training, the
-        keys and values of earlier positions read from the cache. positions [B, T] are the RoPE positions (default:
-        cache.len onwards), real [B, T] is False at left padding, which no query attends to. Without a cache the
-        forward is exactly the training forward (causal attention over idx, positions 0..T-1).
+    cache = KVCache(cfg, B, max_len, device, dtype, pad=pad)   # generation: pad[b] left-padding slots of row b
+    out = model(idx, cache=cache)            # appends idx after the positions already cached; out.logits [B, 1, vocab]
+                                             # of the last position. The same modules and attention as training.
 
-The streams are the tensors autograd keeps for the backward pass anyway, so returning them is free.
-model.checkpoint_blocks = True (activation checkpointing): in training, each block keeps only its input stream and
-recomputes the rest in the backward pass: the same numbers, a fraction of the memory, about one more forward's compute.
-Llama.from_hf / Llama.to_hf convert to and from transformers' LlamaForCausalLM (imported only there).
+The streams are the tensors autograd keeps for the backward pass anyway, so returning them is free. An edit to any
+module (attention, the head: a bias, a soft-cap) reaches training, evaluation and generation alike.
+Conversion to and from Hugging Face's LlamaForCausalLM: lib/hf.py.
 """
+import functools
 import math
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
@@ -30,6 +28,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.func import functional_call, grad_and_value
 from torch.utils.checkpoint import checkpoint
 
 
@@ -95,23 +94,26 @@ def apply_rope(x, cos, sin):
 
 
 class KVCache:
-    """Keys and values of every layer for batch × max_len slots, which slots hold real tokens (not left padding),
-    and how many slots are filled (len); `mask` is the attention mask of the forward in progress."""
+    """Keys and values of every layer for batch × max_len slots, and how many slots are filled (len). Row b starts
+    with pad[b] slots of left padding (default none): no query attends to them, and the RoPE position of slot j is
+    j − pad[b], so a left-padded row is computed as if it started at its first real token. `mask` is the attention
+    mask of the forward in progress."""
 
-    def __init__(self, cfg: LlamaConfig, batch, max_len, device, dtype):
+    def __init__(self, cfg: LlamaConfig, batch, max_len, device, dtype, pad=None):
         shape = (cfg.n_layer, batch, cfg.n_kv_head, max_len, cfg.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.real = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
-        self.len, self.mask = 0, None
+        self.pad = (torch.zeros(batch, dtype=torch.long) if pad is None else pad).to(device).view(batch, 1)
+        self.max_pos, self.len, self.mask = cfg.max_seq_len - 1, 0, None
 
-    def start(self, real):
-        """Open slots len..len+T for the new tokens (real [B, T]); a query sees the real keys up to its own slot, and
-        itself (so a padding query is never all-masked: no NaN)."""
-        start, end = self.len, self.len + real.size(1)
-        self.real[:, start:end] = real
-        slot, query = torch.arange(end, device=real.device), torch.arange(start, end, device=real.device)[:, None]
-        self.mask = ((self.real[:, None, :end] & (slot <= query)) | (slot == query)).unsqueeze(1)   # [B, 1, T, end]
+    def start(self, T):
+        """Open slots len..len+T for T new tokens: their RoPE positions [B, T], and the mask by which a query sees the
+        real keys up to its own slot, and itself (so a padding query is never all-masked: no NaN)."""
+        slot = torch.arange(self.len + T, device=self.pad.device)
+        query = slot[self.len:, None]
+        real = slot >= self.pad                                                     # [B, len + T]
+        self.mask = ((real[:, None, :] & (slot <= query)) | (slot == query)).unsqueeze(1)   # [B, 1, T, len + T]
+        return (slot[self.len:] - self.pad).clamp(0, self.max_pos)                  # finished rows: any position
 
     def update(self, layer, k, v):
         """Store this layer's new keys and values [B, kv_heads, T, hd]; return those of every slot so far."""
@@ -166,92 +168,102 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-def cross_entropy_chunk(h, weight, t, dtype, grads):
-    """One chunk of positions: the sum of its cross-entropy over targets != -1 and, with grads, its gradients for h
-    and the weight (d(loss)/d(logits) = softmax - one-hot); its logits die here. dtype: the matmuls' gradient dtype."""
-    logits, real, t = F.linear(h, weight).float(), (t != -1).float()[:, None], t.clamp(min=0)[:, None]
-    lse = logits.logsumexp(-1, keepdim=True)
-    loss = ((lse - logits.gather(1, t)) * real).sum()
-    if not grads:
-        return loss, None, None
-    g = (logits.sub_(lse).exp_().scatter_add_(1, t, -real) * real).to(dtype)
-    return loss, g @ weight, g.t() @ h
+def chunk_loss_and_grads(head, params, hidden, targets):
+    """The summed cross-entropy of head(hidden) over targets != -1, and its gradients for hidden and for the head's
+    parameters (a dict), by torch.func through the head module itself."""
+    def loss(params, hidden):
+        logits = functional_call(head, params, (hidden,)).float()
+        return F.cross_entropy(logits, targets, ignore_index=-1, reduction="sum")
+    (grad_params, grad_hidden), value = grad_and_value(loss, argnums=(0, 1))(params, hidden)
+    return value, grad_hidden, grad_params
 
 
-class ChunkedCrossEntropy(torch.autograd.Function):
-    """Sum of the cross-entropy over targets != -1 of hidden @ weight.T ([N, d], [V, d], [N]), `rows` positions at a
-    time through `step` (cross_entropy_chunk, or it compiled): each chunk's gradients are made in the forward pass and summed
-    in place, so one chunk's logits exist at a time (the same three matmuls as an unchunked loss, no recomputation)."""
+@functools.cache
+def compiled_chunk_loss_and_grads():
+    return torch.compile(chunk_loss_and_grads)
+
+
+class ChunkedGradients(torch.autograd.Function):
+    """Σ_c CE(head(h_c), t_c) over chunks c of `rows` positions, with each chunk's gradients made in the forward pass.
+
+    The loss is a sum over positions, so chunk c's gradients depend on chunk c alone:
+        ∂loss/∂h_c = J_head(h_c)ᵀ (softmax(head(h_c)) − onehot(t_c)),     ∂loss/∂θ = Σ_c J_θ(h_c)ᵀ (same)
+    Plain autograd would keep every chunk's logits for the backward pass, or (checkpointed) compute them twice: one
+    more head matmul a chunk. Here each chunk's gradients are computed at once (chunk_loss_and_grads) and summed, its
+    logits freed; the backward pass only scales the sums by the incoming gradient. Memory: one chunk's logits, and
+    gradient buffers shaped like hidden and θ."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, rows, grads, step):
-        device = hidden.device.type                      # the matmuls' dtype: autocast's, or the inputs'
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-        total = 0.0
-        if grads:
-            grad_h, grad_w = torch.empty_like(hidden), torch.zeros_like(weight, dtype=torch.float32)
+    def forward(ctx, hidden, targets, head, rows, step, *params):
+        names = [name for name, _ in head.named_parameters()]
+        total, grad_hidden = 0.0, torch.empty_like(hidden)
+        grad_params = [torch.zeros_like(p, dtype=torch.float32) for p in params]
         for start in range(0, hidden.size(0), rows):
-            loss, gh, gw = step(hidden[start:start + rows], weight, targets[start:start + rows], dtype, grads)
+            part = slice(start, start + rows)
+            loss, grad_hidden[part], grads = step(head, dict(zip(names, params)), hidden[part], targets[part])
             total = total + loss
-            if grads:
-                grad_h[start:start + rows] = gh
-                grad_w += gw
-        ctx.save_for_backward(*((grad_h, grad_w.to(weight.dtype)) if grads else ()))
+            for acc, name in zip(grad_params, names):
+                acc += grads[name]
+        ctx.save_for_backward(grad_hidden, *(g.to(p.dtype) for g, p in zip(grad_params, params)))
         return total
 
     @staticmethod
     def backward(ctx, grad_total):
-        grad_h, grad_w = ctx.saved_tensors
-        return grad_h * grad_total, grad_w * grad_total, None, None, None, None
+        grad_hidden, *grad_params = ctx.saved_tensors
+        return (grad_hidden * grad_total, None, None, None, None, *(g * grad_total for g in grad_params))
 
 
 @torch.compiler.disable
-def compiled_chunks(*args):
-    """Inside torch.compile: the loop over chunks stays out of the graph (inductor would fuse the chunks' gradient
-    sums into one kernel that needs every chunk's partial sums at once); each chunk runs compiled."""
-    global compiled_chunk
-    if compiled_chunk is None:
-        compiled_chunk = torch.compile(cross_entropy_chunk)
-    return ChunkedCrossEntropy.apply(*args, compiled_chunk)
+def chunked_gradients(hidden, targets, head, rows, step):
+    """Outside any compiled graph: inductor would fuse the chunks' gradient sums into one kernel that needs every
+    chunk's partial sums at once. Each chunk runs compiled when the caller is (step)."""
+    return ChunkedGradients.apply(hidden, targets, head, rows, step, *head.parameters())
 
 
-compiled_chunk = None
+class ChunkedCrossEntropy(nn.Module):
+    """Mean cross-entropy over targets != -1 of head(hidden), `rows` positions at a time: memory O(rows · vocab)
+    instead of O(B · T · vocab), through the head module (any edit to it reaches the loss), eager or compiled (when
+    traced by torch.compile, each chunk runs compiled)."""
 
+    def __init__(self, rows=1024):
+        super().__init__()
+        self.rows = rows
 
-def chunked_cross_entropy(hidden, weight, targets, rows, compiled=False):
-    """Mean cross-entropy over targets != -1 of the logits hidden @ weight.T, without ever holding more than `rows`
-    positions' logits: memory O(rows · vocab) instead of O(B · T · vocab), eager or compiled."""
-    hidden, targets = hidden.flatten(0, 1), targets.reshape(-1)
-    grads = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    args = (hidden, weight, targets, rows, grads)
-    total = compiled_chunks(*args) if compiled or torch.compiler.is_compiling() else \
-        ChunkedCrossEntropy.apply(*args, cross_entropy_chunk)
-    return total / (targets != -1).sum()
+    def forward(self, head, hidden, targets):
+        hidden, targets = hidden.flatten(0, 1), targets.reshape(-1)
+        if torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters())):
+            step = compiled_chunk_loss_and_grads() if torch.compiler.is_compiling() else chunk_loss_and_grads
+            total = chunked_gradients(hidden, targets, head, self.rows, step)
+        else:                                                   # no gradients: a chunk's logits live one at a time
+            total = sum(F.cross_entropy(head(hidden[i:i + self.rows]).float(), targets[i:i + self.rows],
+                                        ignore_index=-1, reduction="sum") for i in range(0, len(hidden), self.rows))
+        return total / (targets != -1).sum()
 
 
 class LlamaOutput(NamedTuple):
-    logits: Optional[torch.Tensor]                 # None with return_logits=False
+    logits: Optional[torch.Tensor]                 # None when targets are given (the loss is chunked)
     loss: Optional[torch.Tensor]
     hidden_states: list
     final_hidden: torch.Tensor
 
 
 class Llama(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, activation_checkpointing=False, loss_chunk=1024):
+        """activation_checkpointing: in training, each block keeps only its input stream and recomputes the rest in
+        the backward pass (the same numbers, a fraction of the memory, about one more forward's compute).
+        loss_chunk: positions per chunk of the loss."""
         super().__init__()
-        self.config = cfg
+        self.config, self.activation_checkpointing = cfg, activation_checkpointing
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.loss_fn = ChunkedCrossEntropy(loss_chunk)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         cos, sin = rope_cache(cfg)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.checkpoint_blocks = False     # activation checkpointing per block (set by the trainer)
-        self.loss_chunk = 1024             # positions per chunk of the return_logits=False loss
-        self.compile_loss = False          # its chunks (head and cross-entropy) compiled, when the model is not
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -266,35 +278,28 @@ class Llama(nn.Module):
             else:
                 nn.init.normal_(p, 0.0, std)
 
-    def forward(self, idx, targets=None, cache=None, positions=None, real=None, logits_to_keep=0, return_logits=True):
-        """See the module docstring; logits_to_keep > 0: logits of the last that many positions only (as in HF);
-        return_logits=False: no logits (None), the loss chunked."""
+    def forward(self, idx, targets=None, cache=None):
+        """See the module docstring."""
         B, T = idx.shape
         if cache is None:
-            assert positions is None and real is None, "positions and real go with a cache"
             assert T <= self.config.max_seq_len, f"sequence length {T} > max_seq_len {self.config.max_seq_len}"
             cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         else:
-            if positions is None:
-                positions = torch.arange(cache.len, cache.len + T, device=idx.device).expand(B, T)
+            positions = cache.start(T)
             cos, sin = self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)   # [B, 1, T, hd]
-            cache.start(torch.ones_like(idx, dtype=torch.bool) if real is None else real)
         x = self.tok_emb(idx)
         hidden_states = [x]
-        recompute = self.checkpoint_blocks and cache is None and torch.is_grad_enabled()
+        recompute = self.activation_checkpointing and cache is None and torch.is_grad_enabled()
         for i, block in enumerate(self.layers):
             x = checkpoint(block, x, cos, sin, use_reentrant=False) if recompute else block(x, cos, sin, cache, i)
             hidden_states.append(x)
+        final_hidden = self.norm(x)
         if cache is not None:
             cache.len += T
-        final_hidden = self.norm(x)
-        logits = self.lm_head(final_hidden[:, -logits_to_keep:]) if return_logits else None
-        loss = None
-        if targets is not None and logits is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1)
-        elif targets is not None:       # training's loss applies the head itself: edit cross_entropy_chunk with lm_head
-            loss = chunked_cross_entropy(final_hidden, self.lm_head.weight, targets, self.loss_chunk, self.compile_loss)
-        return LlamaOutput(logits, loss, hidden_states, final_hidden)
+            return LlamaOutput(self.lm_head(final_hidden[:, -1:]), None, hidden_states, final_hidden)
+        if targets is None:
+            return LlamaOutput(self.lm_head(final_hidden), None, hidden_states, final_hidden)
+        return LlamaOutput(None, self.loss_fn(self.lm_head, final_hidden, targets), hidden_states, final_hidden)
 
     # ---- accounting -------------------------------------------------------------------------------------
     def num_params(self, non_embedding=False):
@@ -308,70 +313,3 @@ class Llama(nn.Module):
         (causal: half of the 12·L·d·T of a full attention matrix)."""
         cfg = self.config
         return 6 * self.num_params(non_embedding=True) + 6 * cfg.n_layer * cfg.d_model * seq_len
-
-    # ---- Hugging Face conversion ------------------------------------------------------------------------
-    @staticmethod
-    def _hf_names(n_layer):
-        """Our parameter name -> Hugging Face LlamaForCausalLM parameter name."""
-        names = {"tok_emb.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-                 "lm_head.weight": "lm_head.weight"}
-        sub = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
-               "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
-               "attn.v_proj": "self_attn.v_proj", "attn.o_proj": "self_attn.o_proj",
-               "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.up_proj", "mlp.down_proj": "mlp.down_proj"}
-        for i in range(n_layer):
-            for ours, theirs in sub.items():
-                names[f"layers.{i}.{ours}.weight"] = f"model.layers.{i}.{theirs}.weight"
-        return names
-
-    @classmethod
-    def from_hf(cls, hf_model):
-        """Build a Llama from a transformers LlamaForCausalLM (weights copied, dtype kept)."""
-        c = hf_model.config
-        rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise NotImplementedError(f"rope_type {rope_type!r} is not supported (only plain RoPE)")
-        if getattr(c, "attention_bias", False) or getattr(c, "mlp_bias", False):
-            raise NotImplementedError("attention/MLP biases are not supported")
-        if getattr(c, "hidden_act", "silu") != "silu":
-            raise NotImplementedError(f"hidden_act {c.hidden_act!r} is not supported (only silu)")
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        if head_dim != c.hidden_size // c.num_attention_heads:
-            raise NotImplementedError("head_dim != hidden_size / num_attention_heads is not supported")
-        theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
-        cfg = LlamaConfig(
-            vocab_size=c.vocab_size, n_layer=c.num_hidden_layers, n_head=c.num_attention_heads,
-            n_kv_head=c.num_key_value_heads or c.num_attention_heads, d_model=c.hidden_size,
-            ffn_hidden=c.intermediate_size, max_seq_len=c.max_position_embeddings, rope_theta=float(theta),
-            norm_eps=c.rms_norm_eps, tie_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
-            init_std=getattr(c, "initializer_range", 0.02))
-        hf_sd = hf_model.state_dict()
-        dtype = next(hf_model.parameters()).dtype
-        with torch.device("meta"):
-            model = cls(cfg)
-        model = model.to_empty(device="cpu")
-        model.rope_cos, model.rope_sin = rope_cache(cfg)
-        sd = {ours: hf_sd[theirs] for ours, theirs in cls._hf_names(cfg.n_layer).items()
-              if not (cfg.tie_embeddings and ours == "lm_head.weight")}
-        model.load_state_dict(sd, strict=not cfg.tie_embeddings)
-        if cfg.tie_embeddings:
-            model.lm_head.weight = model.tok_emb.weight
-        return model.to(dtype)
-
-    def to_hf(self):
-        """Return an equivalent transformers LlamaForCausalLM (fp32 unless this model is in another dtype)."""
-        from transformers import LlamaConfig as HFConfig, LlamaForCausalLM
-        cfg = self.config
-        hf_cfg = HFConfig(
-            vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_hidden,
-            num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head,
-            max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
-            tie_word_embeddings=cfg.tie_embeddings, initializer_range=cfg.init_std,
-            attention_bias=False, mlp_bias=False, hidden_act="silu")
-        hf = LlamaForCausalLM(hf_cfg).to(next(self.parameters()).dtype)
-        sd = self.state_dict()
-        hf_sd = {theirs: sd[ours] for ours, theirs in self._hf_names(cfg.n_layer).items()}
-        missing, unexpected = hf.load_state_dict(hf_sd, strict=False)
-        assert not unexpected and all("rotary" in k or "inv_freq" in k for k in missing), (missing, unexpected)
-        return hf

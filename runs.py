@@ -20,17 +20,147 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
+import uuid
 from contextlib import suppress
 
 import torch
 import torch.distributed as dist
 
 from config import BEFORE, RESUMABLE, fail, model_config
-from data import HFTokenizer, get_tokenizer, lock_file, one_line, same_tokenizer, tokenizer_fingerprint, tokenizer_tag
+from data import (HFTokenizer, get_tokenizer, lock_file, one_line, same_tokenizer, tokenizer_fingerprint, tokenizer_tag,
+                  write_atomic)
+from lib.hf import _hf_kwargs, hf_max_length, hf_name, init_weights_hf, llama_from_hf, load_hf
 from model import Llama, LlamaConfig
+
+
+class Run:
+    """The run folder as the training loop sees it. Opening it locks the folder (rank 0), reads its newest checkpoint
+    and checks that this start may resume it; then the loop calls a few verbs:
+
+        run = Run(cfg, mcfg, data_id, rank)       # locked, checked: run.step, run.seq_index (0, 0 or the checkpoint's)
+        run.restore(model, optimizer)             # the checkpoint's weights and optimizer state, if there is one
+        run.start(device, model)                  # config.json, run_info.json, log.jsonl cut back; W&B
+        run.log(record, line)                     # a record in log.jsonl (and W&B), a line on stdout: rank 0
+        run.count_bad_steps(applied, step, ...)   # a non-finite step logged; too many in a row end the run
+        run.checkpoint(step, model, optimizer, seq_index)   # when due, or stopped: saved; True to stop the loop
+        run.close()                               # an async save in flight is published
+    """
+
+    def __init__(self, cfg, mcfg, data_id, rank):
+        self.cfg, self.mcfg, self.data_id, self.master = cfg, mcfg, data_id, rank == 0
+        self.lock = lock_run(cfg.out_dir) if self.master else None      # held until this process ends
+        ckpts = list_checkpoints(cfg.out_dir)
+        self.path = ckpts[-1][1] if ckpts else None
+        self.ckpt = load_checkpoint(self.path) if ckpts else None
+        self.changed = check_resume(cfg, mcfg, self.ckpt, self.path, data_id) if ckpts else {}
+        self.step, self.seq_index = (self.ckpt["step"], self.ckpt["data_state"]["seq_index"]) if ckpts else (0, 0)
+        self.bad, self.wandb = 0, None
+        self.log_path = os.path.join(cfg.out_dir, "log.jsonl")
+        STOP.clear()
+        for sig in (signal.SIGTERM, signal.SIGINT):       # saved at the end of the step (checkpoint); the handler holds
+            signal.signal(sig, lambda signum, frame: STOP.append(signum))   # no Run, so its lock dies with it
+
+    def restore(self, model, optimizer):
+        if self.ckpt is not None:
+            restore(self.ckpt, model, optimizer, self.cfg.fsdp)
+            self.ckpt = None                                # the memory back
+
+    def start(self, device, model, header):
+        """The records of this start (not of a run with nothing left to train, which keeps them as they are), and the
+        header line on stdout."""
+        cfg, left = self.cfg, self.step < self.cfg.max_steps
+        if not self.master:
+            return
+        if left:
+            run_id = write_records(cfg, self.mcfg, self.data_id, self.step, self.changed, device)
+            if cfg.wandb_project:
+                import wandb
+                self.wandb = wandb
+                wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None,
+                           config=dataclasses.asdict(cfg), id=run_id, resume="allow")   # a resume: the same W&B run
+        print((f"resuming from {self.path} at step {self.step}" + (f", changed: {self.changed}" if self.changed
+               else "") + "\n" if self.step else "") + header)
+        if not left:
+            print(f"the run is at step {self.step} (max_steps {cfg.max_steps}): nothing to train; raise max_steps to "
+                  "extend it")
+
+    def log(self, record, line=None):
+        if self.master:
+            with open(self.log_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            if self.wandb:
+                self.wandb.log(record, step=record["step"])
+            if line:
+                print(line, flush=True)
+
+    def count_bad_steps(self, applied, step, seq_index, loss, grad_norm, lr):
+        """A step not applied had a non-finite loss or gradient norm: nothing of it was applied and the data moves on
+        past its batch (sequences seq_index on). It is logged; the bad-th in a row beyond max_bad_steps ends the run,
+        naming the last checkpoint and a change that resume accepts."""
+        cfg, self.bad = self.cfg, 0 if applied else self.bad + 1
+        bad = self.bad
+        if applied:
+            return
+        if bad > cfg.max_bad_steps:
+            finish_checkpoint()                                           # an async save in flight is published
+            last = list_checkpoints(cfg.out_dir)
+            fail(f"non-finite loss {loss} or gradient norm {grad_norm} at step {step} (data from sequence "
+                 f"{seq_index}), {bad} in a row (max_bad_steps = {cfg.max_bad_steps}); nothing of "
+                 f"{'it' if bad == 1 else f'steps {step - bad + 1}-{step}'} was applied. The last checkpoint is "
+                 f"{last[-1][1] if last else '(none)'}: rerun with a lower lr (e.g. --lr={cfg.lr / 2:g}), grad_clip "
+                 f"or a higher max_bad_steps to resume from it")
+        self.log({"step": step, "tokens": step * cfg.batch_tokens, "skipped": bad, "seq_index": seq_index,
+                  "bad_loss": loss, "bad_grad_norm": grad_norm, "lr": lr},
+                 f"step {step:6d} | skipped: non-finite loss {loss} or gradient norm {grad_norm}, data from sequence "
+                 f"{seq_index} | {bad} in a row (max_bad_steps = {cfg.max_bad_steps})")
+
+    def checkpoint(self, step, model, optimizer, seq_index):
+        """Save at every ckpt_interval, at max_steps, and when a process got SIGTERM / SIGINT (then True: stop)."""
+        cfg, device = self.cfg, next(model.parameters()).device
+        stopping = torch.tensor(float(bool(STOP)), device=device)
+        if dist.is_initialized():
+            dist.all_reduce(stopping, op=dist.ReduceOp.MAX)               # every process stops at the same step
+        stop = bool(stopping.item())
+        if step % cfg.ckpt_interval == 0 or step == cfg.max_steps or stop:
+            save_checkpoint(cfg, step, model, optimizer, seq_index, self.data_id)
+        if stop and self.master:
+            print(f"stopped by signal at step {step}; checkpoint saved, rerun the same command to resume")
+        return stop
+
+    def close(self):
+        finish_checkpoint()                                               # an async save still in flight
+
+
+STOP = []   # the signals this process got since its Run started
+
+
+def write_records(cfg, mcfg, data_id, step, changed, device):
+    """config.json (settings, the run's id and the history of starts and resumes), run_info.json, log.jsonl cut back
+    to step. Returns the run id."""
+    info = run_info(device)
+    saved = os.path.join(cfg.out_dir, "config.json")
+    old = json.load(open(saved)) if step and os.path.exists(saved) else {}
+    history = old.get("history", []) + [{"step": step, "changed": changed, **{k: info[k] for k in (
+        "argv", "time", "git_commit", "git_dirty", "torch", "device", "world_size")}}]   # run_info.json: the last start's
+    run_id = old.get("run_id") or uuid.uuid4().hex[:16]      # the run's for its life: its Weights & Biases run id
+    write_atomic(saved, json.dumps({"config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg),
+                                    "tokenizer": tokenizer_tag(cfg.tokenizer), "data_identity": data_id,
+                                    "run_id": run_id, "history": history}, indent=2))
+    write_atomic(os.path.join(cfg.out_dir, "run_info.json"), json.dumps(info, indent=2))
+    folder = os.path.join(cfg.out_dir, "tokenizer")
+    if not step:                                        # a fresh start: no tokenizer of an earlier, killed attempt
+        shutil.rmtree(folder, ignore_errors=True)
+    if cfg.tokenizer.startswith("hf:") and not os.path.isdir(folder):
+        get_tokenizer(cfg.tokenizer).hf.save_pretrained(folder + ".tmp")  # the model's own tokenizer and chat template,
+        os.replace(folder + ".tmp", folder)                                # for load_run and export.py
+    log_path = os.path.join(cfg.out_dir, "log.jsonl")
+    kept = read_log(log_path, step) if step else []     # records past the checkpoint are redone
+    write_atomic(log_path, "".join(json.dumps(r) + "\n" for r in kept))
+    return run_id
 
 
 def list_checkpoints(out_dir):
@@ -208,46 +338,6 @@ def init_weights(spec, tokenizer):
     return model_state(ckpt), LlamaConfig(**ckpt["model_config"])
 
 
-def init_weights_hf(name, tokenizer):
-    """A Hugging Face Llama (a hub name, a local folder or DIR/FILE.gguf) through Llama.from_hf; each way it can fail is
-    one line. If it ships a tokenizer, that must be the data's `tokenizer`: for a Hugging Face one the same vocabulary
-    fingerprint (data.tokenizer_fingerprint, which the shards' headers carry), for a tiktoken one the same ids of a
-    probe text."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    where, name = f"init_from 'hf:{name}'", os.path.expanduser(name)
-    local, (path, gguf) = os.path.exists(name), os.path.split(name) if name.lower().endswith(".gguf") else (name, None)
-    path = path or "."                                  # FILE.gguf: in this folder, as data.get_tokenizer reads it
-    kwargs = _hf_kwargs(gguf)
-    if not local and (gguf or name.startswith((".", "/", "~")) or name.count("/") > 1):
-        fail(f"{where}: no such {'GGUF file' if gguf else 'folder'}")
-    try:
-        model_type = AutoConfig.from_pretrained(path, **kwargs).model_type
-    except Exception as e:
-        fail(f"{where}: cannot load its config ({one_line(e, 200)})" + ("" if local else
-             "; a hub name needs the network or a cached copy: offline, download it first or give a local folder"))
-    if model_type != "llama":
-        fail(f"{where} is a {model_type} model, not a Llama (the architecture this project trains)")
-    try:
-        hf = Llama.from_hf(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs))
-    except Exception as e:
-        fail(f"{where}: cannot load the model ({one_line(e, 200)})")
-    try:
-        hf_tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    except Exception:
-        print(f"note: {where} ships no tokenizer; its vocabulary is taken to be tokenizer {tokenizer!r}'s")
-    else:
-        data = get_tokenizer(tokenizer)
-        if isinstance(data, HFTokenizer):
-            theirs, ours = tokenizer_fingerprint(HFTokenizer(hf_tokenizer)), tokenizer_fingerprint(data)
-            if theirs != ours:
-                fail(f"{where} has another tokenizer than {tokenizer!r} (the data's): vocabulary fingerprints "
-                     f"{theirs[:16]} and {ours[:16]}; prepare the data with --tokenizer hf:{name}")
-        elif hf_tokenizer.encode(probe := "Final-layer jumps: Ψ and ζ over 12 layers, 2026.\n",
-                                 add_special_tokens=False) != data.encode_ordinary(probe):
-            fail(f"{where} has another tokenizer than {tokenizer!r} (the data's): it encodes text differently")
-    return hf.state_dict(), hf.config
-
-
 def restore(ckpt, model, optimizer, fsdp):
     """The checkpoint's weights, optimizer state and RNG states, whether it was written with or without FSDP, as one
     file or sharded (on any number of processes: torch.distributed.checkpoint reshards by parameter name)."""
@@ -405,49 +495,6 @@ def load_run(run_dir, step=None, device="cpu", dtype=torch.float32, tokenizer=No
     return model.to(device=device, dtype=dtype).eval(), tokenizer, meta
 
 
-def _hf_kwargs(gguf_file=None, revision=None):
-    return {k: v for k, v in (("gguf_file", gguf_file), ("revision", revision)) if v}
-
-
-def hf_name(name_or_path, gguf_file=None, revision=None):
-    """How messages name a Hugging Face model: the folder or hub name, its GGUF file, @revision."""
-    return (os.path.join(name_or_path, gguf_file) if gguf_file else name_or_path) + (f"@{revision}" if revision else "")
-
-
-def check_hf_source(path, gguf_file=None, revision=None, local=False):
-    """A local model (a path, or `local`) must exist and be a Hugging Face folder or a GGUF file there, and takes no
-    revision (from_pretrained ignores it for a folder); a hub name is checked when it is loaded."""
-    if not (local or os.path.isabs(path) or path.startswith(".") or os.path.exists(path)):
-        return
-    where = hf_name(path, gguf_file)
-    if revision:
-        raise SystemExit(f"error: {where}@{revision}: a revision is a hub branch, tag or commit, but {where} is local "
-                         "(give the folder of that checkpoint instead)")
-    if gguf_file and not os.path.isfile(where):
-        raise SystemExit(f"error: GGUF file {where} does not exist")
-    if not os.path.isdir(path):
-        raise SystemExit(f"error: Hugging Face model folder {path} does not exist")
-    if not gguf_file and not os.path.isfile(os.path.join(path, "config.json")):
-        run = " (a run folder of train.py: give it without --hf)" if list_checkpoints(path) else ""
-        raise SystemExit(f"error: {path} is not a Hugging Face model folder: it has no config.json{run}")
-
-
-def load_hf(name_or_path, gguf_file=None, device="cpu", dtype=torch.float32, revision=None):
-    """A transformers causal LM and its tokenizer; gguf_file and revision (a hub branch, tag or commit, e.g. Pythia's
-    "step1000") are passed to both from_pretrained calls. A failure (missing, offline, not a causal LM, broken files,
-    out of memory) is one error line naming the model and the part that failed."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    kwargs, part = _hf_kwargs(gguf_file, revision), "tokenizer"
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
-        part = "weights"
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).to(device).eval()
-    except Exception as e:
-        raise SystemExit(f"error: could not load the {part} of Hugging Face model "
-                         f"{hf_name(name_or_path, gguf_file, revision)}: {one_line(e)}") from e
-    return model, tokenizer
-
-
 def max_length_of(kind, path, step=None, gguf_file=None):
     """The longest input of a model before loading its weights: a run's max_seq_len, an HF config's positions."""
     if kind == "run":
@@ -495,16 +542,6 @@ def int_at_least(minimum):
     return parse
 
 
-def hf_max_length(config, tokenizer=None, default=2048):
-    """As the harness: n_positions, max_position_embeddings, n_ctx (text_config first), model_max_length, 2048."""
-    cfg = getattr(config, "text_config", None) or config
-    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
-        if getattr(cfg, attr, None) is not None:
-            return int(getattr(cfg, attr))
-    mml = getattr(tokenizer, "model_max_length", None)
-    return int(mml) if mml is not None and mml != 1000000000000000019884624838656 else default
-
-
 def load_llama(run_dir=None, step=None, hf=None, gguf=None, device="cpu"):
     """(our Llama, tokenizer, name) from a run folder or a Hugging Face Llama (converted to our Llama), for generation;
     a Hugging Face tokenizer's stop_ids are its eos and those of the model's generation_config."""
@@ -514,7 +551,7 @@ def load_llama(run_dir=None, step=None, hf=None, gguf=None, device="cpu"):
             raise SystemExit(f"error: {hf} is a {hf_model.config.model_type!r} model; generation runs Llama models")
         enc, eos = HFTokenizer(hf_tok), hf_model.generation_config.eos_token_id   # generate stops where HF's does
         enc.stop_ids = {enc.eot_token, *(eos if isinstance(eos, list) else [] if eos is None else [eos])}
-        return Llama.from_hf(hf_model).to(device).eval(), enc, hf
+        return llama_from_hf(hf_model).to(device).eval(), enc, hf
     run_dir, step = run_step(run_dir, step)
     if not os.path.isdir(run_dir):
         raise SystemExit(f"error: run folder {run_dir} does not exist")

@@ -6,7 +6,8 @@
 import json, os, platform, sys
 import numpy as np, torch, torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-import conversations, runs  # noqa: E402
+from lib import conversations  # noqa: E402
+import runs  # noqa: E402
 torch.set_num_threads(1)
 run_dir, seq_len, out, *rest = sys.argv[1:]
 cut = rest.index("--") if "--" in rest else len(rest)

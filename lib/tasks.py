@@ -20,8 +20,8 @@ from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from data import HFTokenizer, one_line
-from profiles import forward_streams, readout
-from runs import hf_max_length
+from lib.profiles import forward_streams, readout
+from lib.hf import hf_max_length
 
 
 # A task: its hub dataset (path, config) and the split the harness evaluates, with its number of documents n; build:

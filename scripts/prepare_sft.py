@@ -23,7 +23,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from conversations import HEADERS, MASK_TOKENIZER, START, chat_template, render, render_template
+from lib.conversations import HEADERS, MASK_TOKENIZER, START, chat_template, render, render_template
 from data import (
     MANIFEST, get_tokenizer, load_manifest, lock_preparation, one_line, open_sources, remove_preparation,
     tokenizer_fingerprint, write_atomic, write_shard)

@@ -13,9 +13,9 @@ import pytest
 import tiktoken
 import torch
 
-import prepare_sft
+from scripts import prepare_sft
 from data import get_tokenizer, list_shards, open_sources, read_shard
-import conversations as CV
+from lib import conversations as CV
 import data as D
 
 

@@ -92,10 +92,8 @@ def generate(model, prompts, max_new_tokens=256, temperature=0.0, top_p=1.0, sto
         return out
     generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
     idx = torch.tensor([[0] * (P - len(p)) + list(p) for p in prompts], device=device)
-    real = torch.arange(P, device=device) >= (P - lengths)[:, None]
-    positions = (torch.arange(P, device=device) - (P - lengths)[:, None]).clamp(min=0)
-    cache = KVCache(cfg, B, P + max(limits), device, dtype)
-    logits = model(idx, cache=cache, positions=positions, real=real, logits_to_keep=1).logits[:, -1]
+    cache = KVCache(cfg, B, P + max(limits), device, dtype, pad=P - lengths)      # prompts left-padded to P
+    logits = model(idx, cache=cache).logits[:, -1]
     for step in range(max(limits)):
         logits[:, vocab:] = float("-inf")                   # the head's padded rows: ids the tokenizer cannot decode
         next_ids = sample(logits, temperature, top_p, generator, top_k)
@@ -114,8 +112,7 @@ def generate(model, prompts, max_new_tokens=256, temperature=0.0, top_p=1.0, sto
             done[b] = done[b] or len(out[b]) >= limits[b]
         if all(done):
             break
-        positions = (lengths + step).clamp(max=cfg.max_seq_len - 1)[:, None]     # finished rows: any position
-        logits = model(next_ids[:, None], cache=cache, positions=positions).logits[:, -1]
+        logits = model(next_ids[:, None], cache=cache).logits[:, -1]
     return out
 
 

@@ -5,7 +5,7 @@
     python export.py out/kjv_jreg hf/kjv_jreg --step 600 --dtype bfloat16    # or out/kjv_jreg@600
     python export.py out/kjv_jreg hf/kjv_jreg --overwrite         # replace an existing, non-empty OUT
 
-OUT: the weights and config (model.Llama.to_hf), a fast byte-level BPE tokenizer built from the run's tiktoken ranks
+OUT: the weights and config (lib.hf.llama_to_hf), a fast byte-level BPE tokenizer built from the run's tiktoken ranks
 (or the run's own Hugging Face tokenizer, as it was) with our chat template as Jinja, and jreg.json (the source run and
 its JREG settings); written to a temporary folder, then renamed. The tokenizer encodes like tiktoken except that the
 newline ending a role header is always a token boundary, as our template encodes it: docs/export.md.
@@ -20,8 +20,9 @@ import sys
 
 import torch
 
-from conversations import HEADERS, chat_template, prompt_ids, render
+from lib.conversations import HEADERS, chat_template, prompt_ids, render
 from data import EOT, HFTokenizer, one_line, tokenizer_tag
+from lib.hf import llama_to_hf
 from runs import check_writable, load_run, run_step
 
 
@@ -116,7 +117,7 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
         if tok.chat_template is None:
             print(f"warning: our chat template does not render in tokenizer {enc.name!r} as conversations.render "
                   "does; the folder has no chat template", file=sys.stderr)
-    hf = model.to_hf()
+    hf = llama_to_hf(model)
     with torch.no_grad():                        # an edited model.py (an ablation) is no longer the Llama that HF runs
         x = (torch.arange(min(32, model.config.max_seq_len)) * 7919 % min(enc.n_vocab, model.config.vocab_size))[None]
         ours, theirs = model(x).logits, hf(x).logits

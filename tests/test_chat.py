@@ -10,16 +10,16 @@ import torch
 
 import torch.nn.functional as F
 
-import chat
-from generation import generate, generate_uncached
+from scripts import chat
+from lib.generation import generate, generate_uncached
 from model import Attention, KVCache, Llama, LlamaConfig, apply_rope
 from data import get_tokenizer
-from conversations import prompt_ids, render
-import conversations
+from lib.conversations import prompt_ids, render
+from lib import conversations
 import data
-import generation
+from lib import generation
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 CFG = LlamaConfig(vocab_size=257, n_layer=2, n_head=4, n_kv_head=2, d_model=64, ffn_hidden=128, max_seq_len=64)
 PROMPTS = [[5, 17, 3, 250, 9, 9, 41], [88], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19], [7, 7]]
 
@@ -263,7 +263,7 @@ def run_dir(trained, tmp_path):
 
 def test_chat_command_line(run_dir):
     """python chat.py RUN_DIR, stdin piped: multi-turn (the second turn sees the first), /clear, end of input."""
-    r = subprocess.run([sys.executable, os.path.join(HERE, "chat.py"), run_dir, "--temperature", "0",
+    r = subprocess.run([sys.executable, "-m", "scripts.chat", run_dir, "--temperature", "0",
                         "--max_new_tokens", "6"], input="a\nb\n/clear\nb\n", cwd=HERE, capture_output=True,
                        text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr
@@ -362,7 +362,7 @@ def test_option_errors(argv, message):
 
 
 def test_device_errors(monkeypatch):
-    import bench
+    from scripts import bench
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for device in ("tpu", "cuda"):
         with pytest.raises(SystemExit, match=f"error: --device {device}: choose cpu"):
@@ -372,7 +372,7 @@ def test_device_errors(monkeypatch):
 
 
 def test_bench(capsys):
-    import bench
+    from scripts import bench
     bench.main(["--generate", "--preset", "tiny", "--prompt_len", "8", "--max_new_tokens", "4", "--repeats", "1",
                 "--micro_batch", "1", "--device", "auto"])          # auto: the device main() chose
     out = capsys.readouterr().out
@@ -382,7 +382,7 @@ def test_bench(capsys):
 def test_bench_against_a_revision_of_model_py(capsys, monkeypatch):
     """--against REV races model.py now against model.py at a git revision with the same weights, and says whether
     the two compute the same loss: they do at HEAD, and an ablation of the attention now makes them differ."""
-    import bench
+    from scripts import bench
     argv = ["--against", "HEAD", "--preset", "tiny", "--vocab_size", "320", "--seq_len", "32", "--micro_batch", "2",
             "--repeats", "1", "--warmup", "0"]
     bench.main(argv)

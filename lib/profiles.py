@@ -14,9 +14,10 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
-from conversations import is_conversations, read_manifest
+from lib.conversations import is_conversations, read_manifest
 from data import HFTokenizer, get_tokenizer, list_shards, read_shard, tokenizer_fingerprint
 from jreg import Profile
+from lib.hf import llama_from_hf
 from model import Llama
 
 
@@ -24,7 +25,7 @@ def profile_target(hf_model):
     """What to profile for a Hugging Face model: our Llama when it converts (raw streams from our code), else itself."""
     if type(hf_model).__name__ == "LlamaForCausalLM":
         try:
-            return Llama.from_hf(hf_model).to(next(hf_model.parameters()).device).eval()
+            return llama_from_hf(hf_model).to(next(hf_model.parameters()).device).eval()
         except NotImplementedError:
             pass
     return hf_model

@@ -21,8 +21,8 @@ import argparse
 import math
 import sys
 
-from conversations import fit_context
-from generation import generate
+from lib.conversations import fit_context
+from lib.generation import generate
 from runs import check_device, int_at_least, load_llama
 
 

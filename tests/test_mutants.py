@@ -11,21 +11,21 @@ import numpy as np
 import pytest
 import torch
 
-import chat
-import chat_eval as ce
+from scripts import chat
+from scripts import chat_eval as ce
 import config as CF
-import conversations as CV
-import export
-import generation
-import judge as J
-import prepare_sft
-import profiles as P
+from lib import conversations as CV
+from scripts import export
+from lib import generation
+from lib import judge as J
+from scripts import prepare_sft
+from lib import profiles as P
 import runs as R
-import survey
-import tasks as TK
-from conversations import prompt_ids
+from scripts import survey
+from lib import tasks as TK
+from lib.conversations import prompt_ids
 from data import get_tokenizer
-from generation import generate
+from lib.generation import generate
 from test_chat import A, U, enc, random_model, run_chat, trained  # noqa: F401 (fixtures)
 from test_chat import save_run as chat_run
 from test_chat_eval import PROMPTS, _records, _tiny_model, fake_answers, judge_server, mt_bench  # noqa: F401

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 import evaluate as E
-import survey
-import profiles
+from scripts import survey
+from lib import profiles
 import runs
 
 TEXT = "In the beginning God created the heaven and the earth. And the earth was without form, and void. " * 12

@@ -14,16 +14,16 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import evaluate as E
-import export
-from generation import generate
+from scripts import export
+from lib.generation import generate
 from model import Llama, LlamaConfig
 from data import HFTokenizer, get_tokenizer, kjv_path, smollm2_gguf
-from conversations import prompt_ids, render
-from prepare_sft import clean, to_messages
+from lib.conversations import prompt_ids, render
+from scripts.prepare_sft import clean, to_messages
 import runs as R
-import tasks as TK
+from lib import tasks as TK
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 VOCAB = {"gpt2": 50304, "bytes": 320}                       # padded vocabularies, as train.py's configs use
 pytestmark = pytest.mark.usefixtures("one_thread")          # conftest.py
 
@@ -266,6 +266,6 @@ def test_command_line(tmp_path):
     with pytest.raises(SystemExit) as e:
         export.main(["--help"])
     assert e.value.code == 0
-    r = subprocess.run([sys.executable, "export.py", str(tmp_path / "missing"), str(tmp_path / "hf")], cwd=HERE,
+    r = subprocess.run([sys.executable, "-m", "scripts.export", str(tmp_path / "missing"), str(tmp_path / "hf")], cwd=HERE,
                        capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr == f"error: run folder not found: {tmp_path / 'missing'}\n"

@@ -17,13 +17,13 @@ import torch
 import train
 import prepare_fineweb
 import config as CF
-import conversations as CV
+from lib import conversations as CV
 import data as D
 import jreg
 import model as M
 import runs as R
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
 
 @pytest.fixture(scope="module")
@@ -762,7 +762,7 @@ def test_fsdp_compiled_per_block_in_bf16_with_accumulation_matches_one_process_a
 @pytest.fixture(scope="module")
 def sft_dir(tmp_path_factory):
     """Conversations of varied lengths (so micro-batches hold different numbers of assistant tokens), byte tokens."""
-    import prepare_sft
+    from scripts import prepare_sft
     rng = np.random.default_rng(0)
     words = lambda n: " ".join(f"w{int(x)}" for x in rng.integers(0, 99, n))  # noqa: E731
     d = tmp_path_factory.mktemp("sft")
@@ -876,7 +876,7 @@ def test_resume_refuses_a_data_dir_prepared_again_with_other_data(tmp_path):
 def test_data_without_a_val_split_trains_with_eval_off_and_is_refused_with_eval_on(sft_dir, tmp_path):
     """--val_tokens 0 / --val_conversations 0: eval_interval=0 trains; eval_interval > 0 is one line before anything
     is written. (Before: "no val shards" even with eval_interval=0.)"""
-    import prepare_sft
+    from scripts import prepare_sft
     tokens = prepared(tmp_path / "tokens", SOURCE, "--val_tokens", "0")
     chats = str(tmp_path / "chats")
     prepare_sft.prepare(chats, inputs=[os.path.join(os.path.dirname(sft_dir), "chats.jsonl")], tokenizer="bytes",
@@ -981,8 +981,9 @@ def test_init_from_errors_are_one_line_and_latest_is_the_newest_checkpoint(data_
     assert evals[0]["val_loss"] == pytest.approx(hf_evals[0]["val_loss"], rel=1e-5)   # the same weights, step 2's
 
 
-@pytest.mark.parametrize("entry", ["train", "prepare_fineweb", "prepare_sft", "evaluate", "chat", "chat_eval", "survey",
-                                   "bench", "export", "offline_tasks"])
+@pytest.mark.parametrize("entry", ["train", "prepare_fineweb", "evaluate", "scripts.prepare_sft", "scripts.chat",
+                                   "scripts.chat_eval", "scripts.survey", "scripts.bench", "scripts.export",
+                                   "scripts.offline_tasks"])
 def test_help_of_every_entry_point(entry, capsys):
     """--help exits 0 and lists the options; train.py's lists every setting of Config with its default."""
     import importlib
@@ -1006,7 +1007,7 @@ def test_continued_pretraining_from_a_hugging_face_model_with_its_own_tokenizer(
     another tokenizer by its shards; task scoring of the run equals the harness-style scoring of the export. (Before: the
     second was accepted, the export wrote a GPT-2-style tokenizer, and scoring a task failed on encode.)"""
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
-    import export
+    from scripts import export
     from test_prepare_fineweb import train_bpe
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     docs = [SOURCE[i:i + 3000] for i in range(0, len(SOURCE), 3000)]

@@ -21,6 +21,7 @@ It times, interleaving the contenders so that machine noise hits all of them ali
 import argparse
 import dataclasses
 import glob
+import inspect
 import itertools
 import os
 import statistics
@@ -34,9 +35,10 @@ import torch.nn.functional as F
 
 from config import Config, load_config, model_config
 from data import one_line
-from generation import generate, generate_uncached
+from lib.generation import generate, generate_uncached
 from jreg import JregObjective, jreg_penalty
-from model import Llama, LlamaConfig, PRESETS, chunked_cross_entropy
+from lib.hf import llama_to_hf
+from model import ChunkedCrossEntropy, Llama, LlamaConfig, PRESETS
 from runs import PEAK_FLOPS, check_device, int_at_least, list_checkpoints, load_checkpoint, peak_flops
 
 
@@ -110,8 +112,8 @@ def estimate(mcfg, micro_batch, seq_len, mode="autocast", checkpointing=False, l
         phases["recompute"] = (n * (kept + streams + block + 2 * c * f) + 2 * p_block * (c == 2), 0)
     activations, logits = max(phases.values(), key=sum)
     shard = world if fsdp else 1
-    p_head = p_top if mcfg.tie_embeddings else V * d + d   # FSDP's gathered groups at the backward's start: the final
-    parts = dict(weights=4 * P / shard + (4 * (p_head + 2 * p_block) if fsdp else 0),   # norm and head, two blocks
+    p_head = p_top if mcfg.tie_embeddings else V * d + d   # FSDP's gathered groups at the backward's start: the root
+    parts = dict(weights=4 * P / shard + (4 * (p_head + 2 * p_block) if fsdp else 0),   # (final norm, head), two blocks
                  gradients=4 * P / shard, optimizer=8 * P / shard,                       # AdamW: two fp32 moments
                  # DDP: its fp32 gradient buckets; FSDP accumulating micro-batches: the unsharded fp32 gradients
                  buffers=4 * P if not fsdp or grad_accum > 1 else 0, activations=activations, logits=logits)
@@ -152,12 +154,14 @@ def bench_generation(model, device, args):
     print(f"speed-up of the cache: {t['uncached'] / t['cached']:.2f}x; same tokens: {same}")
 
 
-def fwd_bwd(run, x, y, autocast, **kwargs):
-    """Forward + backward of the λ = 1 training loss of run (CE + the penalty, as JregObjective); returns the loss."""
+def fwd_bwd(run, x, y, autocast, full=False):
+    """Forward + backward of the λ = 1 training loss of run (CE + the penalty, as JregObjective); returns the loss.
+    full: the cross-entropy of the full logits instead of the chunked loss."""
     def fn():
         with autocast:
-            out = run(x, y, **kwargs)
-            loss = out.loss + jreg_penalty(out.hidden_states, 1.0)
+            out = run(x) if full else run(x, y)
+            ce = F.cross_entropy(out.logits.float().flatten(0, 1), y.reshape(-1)) if full else out.loss
+            loss = ce + jreg_penalty(out.hidden_states, 1.0)
         del out
         loss.backward()
         return loss.detach()
@@ -169,8 +173,7 @@ def bench_memory(mcfg, device, args, autocast, x, y):
     backward, gradients already allocated): the full-logits loss vs the chunked one, blocks stored vs checkpointed."""
     mode, n = ("autocast" if args.dtype == "bfloat16" else "fp32"), args.micro_batch * args.seq_len
     with torch.device(device):                   # built in place (3.4B: no CPU init and copy)
-        model = Llama(mcfg)
-    model.loss_chunk = args.loss_chunk
+        model = Llama(mcfg, loss_chunk=args.loss_chunk)
     run = torch.compile(model) if args.compile else model
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
@@ -180,7 +183,7 @@ def bench_memory(mcfg, device, args, autocast, x, y):
     h = torch.randn(args.micro_batch, args.seq_len, mcfg.d_model, device=device, requires_grad=True)
     per_logit = {}
     for name, loss in (("full", lambda: F.cross_entropy(model.lm_head(h).float().flatten(0, 1), y.view(-1))),
-                       ("chunked", lambda: chunked_cross_entropy(h, model.lm_head.weight, y, model.loss_chunk))):
+                       ("chunked", lambda: model.loss_fn(model.lm_head, h, y))):
         def loss_step():
             with autocast:
                 value = loss()
@@ -188,16 +191,16 @@ def bench_memory(mcfg, device, args, autocast, x, y):
         loss_step()
         per_logit[name] = measured_peak(loss_step, device) / (n * mcfg.vocab_size)
     print(f"the loss alone (head, cross-entropy, forward + backward): {per_logit['full']:.2f} bytes per logit full, "
-          f"{per_logit['chunked']:.2f} chunked ({model.loss_chunk} positions a chunk)")
+          f"{per_logit['chunked']:.2f} chunked ({args.loss_chunk} positions a chunk)")
     variants = {"full logits": (True, False), "chunked loss": (False, False), "chunked + checkpointing": (False, True)}
     t = {}
     print(f"{'training step':24s} {'peak MB':>9s} {'estimate MB':>12s} {'est/meas':>9s}")
     for name, (full, ckpt) in variants.items():                          # one variant at a time: the flag is global
-        model.checkpoint_blocks = ckpt
-        fn = fwd_bwd(run, x, y, autocast, return_logits=full)
+        model.activation_checkpointing = ckpt
+        fn = fwd_bwd(run, x, y, autocast, full=full)
         fn()                                                              # warm-up (and compilation)
         peak = measured_peak(fn, device)
-        e = estimate(mcfg, args.micro_batch, args.seq_len, mode, ckpt, 0 if full else model.loss_chunk,
+        e = estimate(mcfg, args.micro_batch, args.seq_len, mode, ckpt, 0 if full else args.loss_chunk,
                      compiled=bool(args.compile))
         predicted = e["activations"] + e["logits"]
         print(f"{name:24s} {peak / 1e6:9.1f} {predicted / 1e6:12.1f} {predicted / peak:9.3f}")
@@ -224,7 +227,11 @@ def bench_against(mcfg, device, args, autocast, x, y):
     except RuntimeError as e:
         raise SystemExit(f"error: --against {args.against}: its model.py takes other weights ({one_line(e)})") from None
     old = old.to(device)
-    contenders = {name: fwd_bwd(torch.compile(m) if args.compile else m, x, y, autocast)
+    def chunked(m):            # the training loss of a model.py of any date: chunked, whatever its forward calls it
+        if "return_logits" in inspect.signature(m.forward).parameters:
+            return lambda a, b: m(a, b, return_logits=False)
+        return m
+    contenders = {name: fwd_bwd(torch.compile(chunked(m)) if args.compile else chunked(m), x, y, autocast)
                   for name, m in (("now", now), ("then", old))}
     same = bool(torch.equal(*(fn() for fn in contenders.values())))
     t = race(contenders, device, args.warmup, args.repeats)
@@ -343,7 +350,7 @@ def bench_training(mcfg, device, args, autocast, x, y):
     def objective(lam):
         torch.manual_seed(0)
         model = Llama(mcfg).to(device)
-        obj = JregObjective(model, Config(jreg_lambda=lam, jreg_alpha=1.0)).to(device)
+        obj = JregObjective(model, alpha=1.0, penalize=lam > 0).to(device)
         run = torch.compile(obj) if args.compile else obj
         def loss(a, b):
             ce, penalty, _ = run(a, b)
@@ -361,7 +368,7 @@ def bench_training(mcfg, device, args, autocast, x, y):
     hf = None
     if not args.no_hf:
         try:
-            hf = base_model.to_hf().to(device)
+            hf = llama_to_hf(base_model).to(device)
         except ImportError:
             print("transformers is not installed: skipping the Hugging Face comparison")
     if hf is not None:

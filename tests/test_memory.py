@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-import bench
-from bench import estimate, measured_peak
+from scripts import bench
+from scripts.bench import estimate, measured_peak
 from config import Config
 import model as model_module
 from jreg import JregObjective, jreg_penalty

@@ -25,10 +25,10 @@ import numpy as np
 import torch
 
 from data import write_atomic
-from profiles import plot_profiles, profile_model, profile_target, text_documents, text_windows
-from runs import (
-    check_device, check_hf_source, check_writable, checkpoint_path, int_at_least, load_hf, load_run, run_step)
-from tasks import HFModelLM, ModelLM
+from lib.profiles import plot_profiles, profile_model, profile_target, text_documents, text_windows
+from lib.hf import check_hf_source, load_hf
+from runs import check_device, check_writable, checkpoint_path, int_at_least, load_run, run_step
+from lib.tasks import HFModelLM, ModelLM
 
 
 CONVENTIONS = {"raw": ("psi", "zeta"), "normed": ("psi_normed", "zeta_normed")}   # h_L raw, or after the final norm
