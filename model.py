@@ -28,7 +28,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.func import functional_call, grad_and_value
+from torch.func import functional_call, vjp
 from torch.utils.checkpoint import checkpoint
 
 
@@ -170,12 +170,16 @@ class Block(nn.Module):
 
 def chunk_loss_and_grads(head, params, hidden, targets):
     """The summed cross-entropy of head(hidden) over targets != -1, and its gradients for hidden and for the head's
-    parameters (a dict), by torch.func through the head module itself."""
-    def loss(params, hidden):
-        logits = functional_call(head, params, (hidden,)).float()
-        return F.cross_entropy(logits, targets, ignore_index=-1, reduction="sum")
-    (grad_params, grad_hidden), value = grad_and_value(loss, argnums=(0, 1))(params, hidden)
-    return value, grad_hidden, grad_params
+    parameters (a dict): the cross-entropy's gradient for the logits in closed form, softmax − one-hot, then the
+    head's own backward (torch.func.vjp through the module, whatever it computes)."""
+    logits, head_backward = vjp(lambda p, h: functional_call(head, p, (h,)), params, hidden)
+    z, real, t = logits.float(), (targets != -1).float()[:, None], targets.clamp(min=0)[:, None]
+    lse = z.logsumexp(-1, keepdim=True)
+    loss = ((lse - z.gather(1, t)) * real).sum()
+    grad_logits = (z - lse).exp_().scatter_add_(1, t, -real).mul_(real).to(logits.dtype)   # softmax − one-hot
+    del logits, z                                                                            # (masked)
+    grad_params, grad_hidden = head_backward(grad_logits)
+    return loss, grad_hidden, grad_params
 
 
 @functools.cache
@@ -214,9 +218,10 @@ class ChunkedGradients(torch.autograd.Function):
 
 
 @torch.compiler.disable
-def chunked_gradients(hidden, targets, head, rows, step):
+def chunked_gradients(hidden, targets, head, rows, compiled):
     """Outside any compiled graph: inductor would fuse the chunks' gradient sums into one kernel that needs every
-    chunk's partial sums at once. Each chunk runs compiled when the caller is (step)."""
+    chunk's partial sums at once. Each chunk runs compiled when the caller is."""
+    step = compiled_chunk_loss_and_grads() if compiled else chunk_loss_and_grads
     return ChunkedGradients.apply(hidden, targets, head, rows, step, *head.parameters())
 
 
@@ -232,8 +237,7 @@ class ChunkedCrossEntropy(nn.Module):
     def forward(self, head, hidden, targets):
         hidden, targets = hidden.flatten(0, 1), targets.reshape(-1)
         if torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters())):
-            step = compiled_chunk_loss_and_grads() if torch.compiler.is_compiling() else chunk_loss_and_grads
-            total = chunked_gradients(hidden, targets, head, self.rows, step)
+            total = chunked_gradients(hidden, targets, head, self.rows, torch.compiler.is_compiling())
         else:                                                   # no gradients: a chunk's logits live one at a time
             total = sum(F.cross_entropy(head(hidden[i:i + self.rows]).float(), targets[i:i + self.rows],
                                         ignore_index=-1, reduction="sum") for i in range(0, len(hidden), self.rows))

@@ -180,13 +180,15 @@ def test_forward_shapes_and_loss():
     idx = torch.randint(0, 97, (2, 10))
     targets = idx.roll(-1, 1)
     targets[:, -1] = -1
-    out = model(idx, targets)
-    assert out.logits.shape == (2, 10, 97)
+    out, trained = model(idx), model(idx, targets)
+    assert out.logits.shape == (2, 10, 97) and out.loss is None and trained.logits is None
     assert len(out.hidden_states) == 4 and all(h.shape == (2, 10, 32) for h in out.hidden_states)
     assert torch.equal(out.hidden_states[0], model.tok_emb(idx))
     assert torch.allclose(out.final_hidden, model.norm(out.hidden_states[-1]))
     ref = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 97), idx[:, 1:].reshape(-1))
-    assert torch.allclose(out.loss, ref)
+    assert torch.allclose(trained.loss, ref)
+    assert all(torch.equal(a, b) for a, b in zip(out.hidden_states, trained.hidden_states))
+    out = trained
     assert abs(out.loss.item() - math.log(97)) < 0.1           # small init: near-uniform predictions
 
 
@@ -229,15 +231,16 @@ def test_the_training_objective_honours_every_jreg_setting():
     real[1, 6:] = False
     for normed, skip, weighting, alpha in [(True, True, "depth", 3.0), (False, False, "last", 0.5),
                                            (True, False, "index", 3.0)]:
-        cfg = CF.Config(jreg_lambda=1.0, jreg_alpha=alpha, jreg_weighting=weighting, jreg_final_norm=normed,
-                        jreg_skip_first=skip)
-        ce, penalty, psi = JregObjective(model, cfg)(idx, y, real)
+        objective = JregObjective(model, alpha=alpha, weighting=weighting, final_norm=normed, skip_first=skip)
+        ce, penalty, psi = objective(idx, y, real)
         hs = streams(model(idx, y), normed)
         assert torch.allclose(psi, displacement(hs, mask=real, skip_first=skip), atol=1e-6)
         assert torch.allclose(penalty, jreg_penalty(hs, alpha, weighting, mask=real, skip_first=skip), atol=1e-6)
 
 
-def test_a_cached_forward_without_positions_goes_on_after_the_cache():
+def test_a_cached_forward_goes_on_after_the_cache():
+    """Two cached forwards give the last position's logits of one uncached forward; a left-padded row (pad) gives
+    what the row alone gives (its positions start at its first real token)."""
     from model import KVCache
     torch.manual_seed(0)
     model = Llama(LlamaConfig(vocab_size=97, n_layer=2, n_head=4, n_kv_head=2, d_model=32, ffn_hidden=48,
@@ -245,8 +248,38 @@ def test_a_cached_forward_without_positions_goes_on_after_the_cache():
     idx = torch.randint(0, 97, (2, 12))
     with torch.no_grad():
         full, cache = model(idx).logits, KVCache(model.config, 2, 12, "cpu", torch.float32)
-        model(idx[:, :7], cache=cache)
-        assert torch.allclose(model(idx[:, 7:], cache=cache).logits, full[:, 7:], atol=1e-5)
+        assert torch.allclose(model(idx[:, :7], cache=cache).logits, full[:, 6:7], atol=1e-5)
+        assert torch.allclose(model(idx[:, 7:], cache=cache).logits, full[:, -1:], atol=1e-5)
+        padded, cache = idx.clone(), KVCache(model.config, 2, 14, "cpu", torch.float32, pad=torch.tensor([0, 5]))
+        padded[1, :5] = 0
+        logits = model(padded, cache=cache).logits
+        assert torch.allclose(logits[1], model(idx[1:, 5:]).logits[0, -1:], atol=1e-5)
+        assert torch.allclose(logits[0], full[0, -1:], atol=1e-5)
+
+
+def test_an_edit_to_the_head_reaches_the_training_loss():
+    """The training loss goes through lm_head: a soft-capped head with a bias changes the chunked loss (and its
+    gradients) exactly as it changes the full-logits loss. (Before: the chunked loss multiplied lm_head.weight
+    itself, so such an edit changed evaluation but not what training minimises.)"""
+    class SoftCappedHead(torch.nn.Linear):
+        def forward(self, h):
+            return 5.0 * torch.tanh(super().forward(h) / 5.0)
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(vocab_size=97, n_layer=2, n_head=4, n_kv_head=2, d_model=32, ffn_hidden=48,
+                              max_seq_len=32), loss_chunk=7)
+    idx, y = torch.randint(0, 97, (2, 10)), torch.randint(-1, 97, (2, 10))
+    plain = model(idx, y).loss.item()
+    head = SoftCappedHead(32, 97, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(10 * model.lm_head.weight)
+        head.bias.normal_()
+    model.lm_head = head
+    full = torch.nn.functional.cross_entropy(model(idx).logits.flatten(0, 1), y.flatten(), ignore_index=-1)
+    chunked = model(idx, y).loss
+    assert abs(chunked.item() - plain) > 0.05 and torch.allclose(chunked, full, atol=1e-6)
+    grads = [torch.autograd.grad(loss, [head.weight, head.bias, model.layers[0].mlp.up_proj.weight])
+             for loss in (full, model(idx, y).loss)]
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
 
 
 def test_presets_match_paper_parameter_counts():
@@ -295,6 +328,7 @@ def test_penalty_gradient_reaches_every_block_and_lambda_zero_is_baseline():
 # ---- Hugging Face parity ------------------------------------------------------------------------------------
 
 import transformers  # noqa: E402  (requirements-dev.txt: a missing package fails, never skips)
+from lib.hf import llama_from_hf, llama_to_hf  # noqa: E402
 
 
 def hf_llama(tied, n_kv_head=2, seed=0):
@@ -314,7 +348,7 @@ def hf_llama(tied, n_kv_head=2, seed=0):
 @pytest.mark.parametrize("tied,n_kv_head", [(False, 2), (True, 2), (False, 4)])
 def test_hf_parity(tied, n_kv_head):
     hf = hf_llama(tied, n_kv_head)
-    ours = Llama.from_hf(hf).eval()
+    ours = llama_from_hf(hf).eval()
     assert ours.config.tie_embeddings == tied and ours.config.n_kv_head == n_kv_head
     assert ours.config.rope_theta == 5000.0 and ours.config.norm_eps == 1e-6
     if tied:
@@ -341,7 +375,7 @@ def test_hf_parity(tied, n_kv_head):
 @pytest.mark.parametrize("tied", [False, True])
 def test_hf_round_trip_is_exact(tied):
     hf = hf_llama(tied)
-    back = Llama.from_hf(hf).to_hf()
+    back = llama_to_hf(llama_from_hf(hf))
     assert back.config.tie_word_embeddings == tied
     sd, sd2 = hf.state_dict(), back.state_dict()
     assert sd.keys() == sd2.keys()
@@ -355,7 +389,7 @@ def test_from_hf_rejects_unsupported():
     cfg = transformers.LlamaConfig(vocab_size=11, hidden_size=16, intermediate_size=8, num_hidden_layers=1,
                                    num_attention_heads=2, attention_bias=True)
     with pytest.raises(NotImplementedError, match="bias"):
-        Llama.from_hf(transformers.LlamaForCausalLM(cfg))
+        llama_from_hf(transformers.LlamaForCausalLM(cfg))
 
 
 # ---- torch.compile --------------------------------------------------------------------------------------------
@@ -365,9 +399,12 @@ def test_compiled_forward_matches_eager():
     model = Llama(tiny_config(n_layer=2))
     idx = torch.randint(0, 97, (2, 16))
     compiled = torch.compile(model, fullgraph=True)               # fullgraph: any graph break is an error
-    out_c = compiled(idx, idx)                                    # needs a C compiler (CI has gcc): fails, never skips
-    out_e = model(idx, idx)
+    out_c = compiled(idx)                                         # needs a C compiler (CI has gcc): fails, never skips
+    out_e = model(idx)
     assert torch.allclose(out_c.logits, out_e.logits, atol=1e-5)
-    assert torch.allclose(out_c.loss, out_e.loss, atol=1e-6)
     for a, b in zip(out_c.hidden_states, out_e.hidden_states):
         assert torch.allclose(a, b, atol=1e-5)
+    loss_c, loss_e = torch.compile(model)(idx, idx).loss, model(idx, idx).loss   # the loss's chunks run compiled
+    assert torch.allclose(loss_c, loss_e, atol=1e-6)
+    grads = [torch.autograd.grad(loss, list(model.parameters())) for loss in (loss_c, loss_e)]
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(*grads))

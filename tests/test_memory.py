@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from scripts import bench
 from scripts.bench import estimate, measured_peak
@@ -29,26 +30,33 @@ def batch(vocab, B=3, T=10, seed=0):
     return idx, targets
 
 
-def loss_and_grads(model, idx, targets, autocast=False, **kw):
+def forward(model, idx, targets, full=False):
+    """(output, loss): the training loss (chunked, through the head), or full=True: the cross-entropy of the full
+    logits."""
+    out = model(idx) if full else model(idx, targets)
+    loss = F.cross_entropy(out.logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1) if full else out.loss
+    return out, loss
+
+
+def loss_and_grads(model, idx, targets, autocast=False, full=False):
     for p in model.parameters():
         p.grad = None
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        out = model(idx, targets, **kw)
-    out.loss.backward()
-    return out, {n.removeprefix("_orig_mod."): p.grad.clone() for n, p in model.named_parameters()}
+        out, loss = forward(model, idx, targets, full)
+    loss.backward()
+    return out, loss, {n.removeprefix("_orig_mod."): p.grad.clone() for n, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("tied,autocast", [(False, False), (True, False), (False, True), (True, True)])
 def test_chunked_loss_equals_full_loss_and_gradients(tied, autocast):
     torch.manual_seed(0)
-    model = Llama(tiny(tie_embeddings=tied))
-    model.loss_chunk = 7                                        # 30 positions: 4 chunks of 7 and a rest of 2
+    model = Llama(tiny(tie_embeddings=tied), loss_chunk=7)      # 30 positions: 4 chunks of 7 and a rest of 2
     idx, targets = batch(97)
-    full, g_full = loss_and_grads(model, idx, targets, autocast)
-    chunked, g_chunked = loss_and_grads(model, idx, targets, autocast, return_logits=False)
+    full, full_loss, g_full = loss_and_grads(model, idx, targets, autocast, full=True)
+    chunked, chunked_loss, g_chunked = loss_and_grads(model, idx, targets, autocast)
     assert chunked.logits is None and full.logits.shape == (3, 10, 97)
     tol = 2e-2 if autocast else 1e-6                            # bf16: each chunk's matmul rounds on its own
-    assert abs(chunked.loss.item() - full.loss.item()) <= tol * (1 if not autocast else 0.1)
+    assert abs(chunked_loss.item() - full_loss.item()) <= tol * (1 if not autocast else 0.1)
     for n in g_full:
         scale = g_full[n].abs().max().item()
         assert (g_chunked[n] - g_full[n]).abs().max().item() <= tol * scale, n
@@ -62,7 +70,7 @@ def test_objective_never_materialises_logits():
     seen = []
     model.register_forward_hook(lambda module, args, out: seen.append(out.logits))
     idx, targets = batch(97)
-    ce, penalty, psi = JregObjective(model, Config(jreg_lambda=1.0))(idx, targets)
+    ce, penalty, psi = JregObjective(model)(idx, targets)
     assert seen == [None] and torch.isfinite(ce) and penalty.requires_grad
 
 
@@ -71,7 +79,7 @@ def test_activation_checkpointing_gives_identical_losses_and_gradients(autocast)
     torch.manual_seed(0)
     model = Llama(tiny())
     idx, targets = batch(97)
-    objective = JregObjective(model, Config(jreg_lambda=1.0))
+    objective = JregObjective(model)
 
     def run():
         model.zero_grad(set_to_none=True)
@@ -81,7 +89,7 @@ def test_activation_checkpointing_gives_identical_losses_and_gradients(autocast)
         return ce, penalty, {n: p.grad.clone() for n, p in model.named_parameters()}
 
     ce, pen, grads = run()
-    model.checkpoint_blocks = True
+    model.activation_checkpointing = True
     ce2, pen2, grads2 = run()
     assert torch.equal(ce, ce2) and torch.equal(pen, pen2)
     assert all(torch.allclose(grads[n], grads2[n], rtol=0, atol=1e-6) for n in grads)
@@ -92,21 +100,20 @@ def test_activation_checkpointing_gives_identical_losses_and_gradients(autocast)
 def test_compiled_training_forward_matches_eager():
     """Checkpointed blocks compiled, the chunked loss's loop outside the graph with each chunk compiled."""
     torch.manual_seed(0)
-    model = Llama(tiny(n_layer=2))
-    model.loss_chunk, model.checkpoint_blocks = 7, True
+    model = Llama(tiny(n_layer=2), activation_checkpointing=True, loss_chunk=7)
     idx, targets = batch(97)
-    compiled, g_compiled = loss_and_grads(torch.compile(model), idx, targets, return_logits=False)
-    eager, g_eager = loss_and_grads(model, idx, targets, return_logits=False)
-    assert model_module.compiled_chunk is not None                   # the chunks ran compiled
-    assert abs(compiled.loss.item() - eager.loss.item()) <= 1e-6
+    compiled, compiled_loss, g_compiled = loss_and_grads(torch.compile(model), idx, targets)
+    eager, eager_loss, g_eager = loss_and_grads(model, idx, targets)
+    assert model_module.compiled_chunk_loss_and_grads.cache_info().currsize == 1     # the chunks ran compiled
+    assert abs(compiled_loss.item() - eager_loss.item()) <= 1e-6
     assert all(torch.allclose(g_compiled[n], g_eager[n], rtol=0, atol=1e-6) for n in g_eager)
 
 
-def step_peak(model, idx, targets, return_logits=False):
+def step_peak(model, idx, targets, full=False):
     """Bytes allocated beyond what existed before, at the peak of one forward + backward of the JREG loss."""
     def step():
-        out = model(idx, targets, return_logits=return_logits)
-        loss = out.loss + jreg_penalty(out.hidden_states, 1.0)
+        out, ce = forward(model, idx, targets, full)
+        loss = ce + jreg_penalty(out.hidden_states, 1.0)
         del out
         loss.backward()
     for p in model.parameters():                                 # gradients already allocated, as while accumulating
@@ -122,17 +129,17 @@ def peak_model():
 
 def test_chunked_loss_lowers_the_measured_peak():
     model, idx, targets = peak_model()
-    full = step_peak(model, idx, targets, return_logits=True)
-    model.loss_chunk = 32
+    full = step_peak(model, idx, targets, full=True)
+    model.loss_fn.rows = 32
     chunked = step_peak(model, idx, targets)
     assert full - chunked > 8 * idx.numel() * model.config.vocab_size      # the full loss holds ~12 bytes per logit
 
 
 def test_checkpointing_lowers_the_measured_peak():
     model, idx, targets = peak_model()
-    model.loss_chunk = 32
+    model.loss_fn.rows = 32
     plain = step_peak(model, idx, targets)
-    model.checkpoint_blocks = True
+    model.activation_checkpointing = True
     assert step_peak(model, idx, targets) < 0.6 * plain                    # the blocks' activations are most of it
 
 
@@ -150,14 +157,13 @@ def test_estimate_matches_measured_activations_and_logits(shape, B, T, mode, che
     fp32 (CPU) and fp32 weights under bf16 autocast (train.py on a GPU)."""
     mcfg = LlamaConfig(**shape)
     torch.manual_seed(0)
-    model = Llama(mcfg)
-    model.checkpoint_blocks, model.loss_chunk = checkpointing, chunk
+    model = Llama(mcfg, activation_checkpointing=checkpointing, loss_chunk=chunk or 1024)
     idx, targets = batch(mcfg.vocab_size, B, T)
 
     def step():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode != "fp32"):
-            out = model(idx, targets, return_logits=not chunk)
-            loss = out.loss + jreg_penalty(out.hidden_states, 1.0)
+            out, ce = forward(model, idx, targets, full=not chunk)
+            loss = ce + jreg_penalty(out.hidden_states, 1.0)
         del out                                                  # as JregObjective: nothing but the loss kept
         loss.backward()
     for p in model.parameters():

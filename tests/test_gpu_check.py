@@ -1,0 +1,126 @@
+"""scripts/gpu_check.sh, the GPU check that a rarely lent CUDA machine runs in one ~10-minute call, checked here end
+to end by its CPU dry run (DRY_RUN=1: the same script and code paths, 2 processes on gloo, the tiny preset): every
+step runs and passes, the FSDP run resumes, the run folders are removed, and the summary has a row of numbers per
+config. Also its one-line refusals (no python with torch, no GPU, a STEPS typo), which cost nothing where they fire."""
+import os
+import re
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
+SCRIPT = os.path.join(HERE, "scripts", "gpu_check.sh")
+STEPS = ["prepare", "estimate", "train_170m_jreg", "train_1b", "train_1b_resume", "bench_170m", "probe_170m",
+         "probe_3.4b"]
+PROBE_ROWS = [f"{p} {v}" for p in ("probe_170m", "probe_3.4b")
+              for v in ("full logits", "chunked loss", "chunked + checkpointing")]
+NUMBER = re.compile(r"^[\d,]+(\.\d+)?$")
+
+
+def gpu_check(tmp_path, timeout=600, path=None, **env):
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), **env}
+    env.pop("RANK", None)
+    if path:
+        env["PATH"] = path
+    return subprocess.run(["bash", SCRIPT], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def table(summary):
+    """The summary's main table: {step: {column: cell}}."""
+    lines = [line for line in summary.splitlines() if line.startswith("| ")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[1:]:                          # (the |---| line does not start with "| ")
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) != len(header):
+            break                                   # the steps table below
+        rows[cells[0]] = dict(zip(header, cells))
+    return rows
+
+
+def test_gpu_check_parses():
+    assert subprocess.run(["bash", "-n", SCRIPT], capture_output=True).returncode == 0
+
+
+def test_dry_run_runs_every_step_resumes_and_summarizes(tmp_path):
+    done = gpu_check(tmp_path, DRY_RUN="1")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    out, work = tmp_path / "out", tmp_path / "work"
+
+    # the versions come first, in the log and the summary
+    log = (out / "gpu_check.log").read_text()
+    first = log.splitlines()[0]
+    assert first.startswith("torch ") and all(k in first for k in ("CUDA", "transformers", "GPU", "git on PATH",
+                                                                   "torchrun on PATH")), first
+    summary = (out / "summary.md").read_text()
+    assert first in summary
+
+    # every step ran, in order, and passed
+    steps = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()]
+    assert [s[0] for s in steps] == STEPS
+    assert all(rc == "0" for _, rc, _ in steps), steps
+    assert all(f"| {name} | 0 |" in summary for name in STEPS)
+
+    rows = table(summary)
+    assert set(rows) == {"train_170m_jreg", "train_1b", "train_1b_resume", "bench_170m ours λ=0",
+                         "bench_170m ours λ=1", *PROBE_ROWS}, list(rows)
+    for name, row in rows.items():
+        assert NUMBER.match(row["tok/s"]) and float(row["tok/s"].replace(",", "")) > 0, (name, row)
+        assert row["MFU"] == "n/a", (name, row)                       # no peak FLOP/s on a CPU
+    for name in ("train_170m_jreg", "train_1b", "train_1b_resume"):   # train.py: CUDA peak n/a, the estimate a number
+        assert rows[name]["peak GiB"] == "n/a" and NUMBER.match(rows[name]["estimate GiB"]), rows[name]
+    for name in PROBE_ROWS:                                           # the probes measure on CPU too (profiler)
+        assert NUMBER.match(rows[name]["peak GiB"]) and NUMBER.match(rows[name]["estimate GiB"]), rows[name]
+        assert float(rows[name]["peak GiB"]) > 0
+    assert rows["train_1b"]["how"].startswith("FSDP2 x2") and rows["train_170m_jreg"]["how"].startswith("DDP x2")
+    overhead = rows["bench_170m ours λ=1"]["JREG overhead (λ=1 / λ=0)"]
+    assert re.fullmatch(r"\d+\.\d{3}x step time \([+-]\d+\.\d%\)", overhead), overhead
+
+    # the 1B (here tiny) FSDP run resumed from its sharded checkpoint and went on to twice its steps
+    resume = (out / "steps" / "train_1b_resume.txt").read_text()
+    assert re.search(r"resuming from \S+/ckpt_0*3 at step 3", resume), resume[-2000:]
+    assert "resumed at step 3" in rows["train_1b_resume"]["notes"]
+    assert rows["train_1b_resume"]["notes"].startswith("steps 4-6")
+    assert "--keep_ckpts=1" in log and "--sharded_ckpt=True" in log and "torch.distributed.run" in log
+    assert "--no_hf" in log                                           # no transformers comparison unless HF=1
+
+    # bench.py --memory ran once, for both configs; the run folders are gone, their logs kept
+    assert log.count("bench.py --memory ") == 1
+    assert all(f"{out}/configs/{c}.py" in (out / "estimate.txt").read_text() for c in ("170m_jreg", "1b"))
+    assert not (work / "170m_jreg").exists() and not (work / "1b").exists()
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["train_170m_jreg.jsonl", "train_1b.jsonl",
+                                                                "train_1b_resume.jsonl"]
+
+
+def stub(folder, name, body="#!/bin/sh\nexit 1\n"):
+    (folder / name).write_text(body)
+    (folder / name).chmod(0o755)
+
+
+def test_no_python_with_torch_is_one_line(tmp_path):
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    stub(bin_, "python")
+    stub(bin_, "python3")
+    done = gpu_check(tmp_path, timeout=60, path=f"{bin_}:/usr/bin:/bin")
+    assert done.returncode == 1
+    assert done.stderr == "error: neither python nor python3 can import torch\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_python3_is_used_when_python_lacks_torch_and_no_gpu_is_one_line(tmp_path):
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    stub(bin_, "python")                                              # python without torch: python3 is chosen
+    os.symlink(sys.executable, bin_ / "python3")
+    done = gpu_check(tmp_path, timeout=120, path=f"{bin_}:/usr/bin:/bin", CUDA_VISIBLE_DEVICES="")
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: no CUDA GPU visible to python3") and done.stderr.count("\n") == 1
+    env = (tmp_path / "out" / "env.txt").read_text()
+    assert env.startswith("torch ") and f"({bin_}/python3)" in env and "GPU none" in env
+    assert not (tmp_path / "work" / "170m_jreg").exists()
+
+
+def test_a_steps_typo_fails_before_anything_runs(tmp_path):
+    done = gpu_check(tmp_path, timeout=60, STEPS="1 6")
+    assert (done.returncode, done.stderr) == (1, "error: STEPS: no step 6 (1-5)\n")
+    assert not (tmp_path / "out").exists()
