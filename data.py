@@ -26,6 +26,7 @@ import sysconfig
 import tempfile
 import time
 import weakref
+from contextlib import suppress
 from functools import lru_cache
 
 import numpy as np
@@ -57,23 +58,38 @@ def write_atomic(path, data):
 
 def lock_file(path, refusal):
     """An exclusive lock on `path` for the life of this process (the kernel drops it when the process dies, so a killed
-    process never blocks its own rerun). A second process is refused: `error: {refusal}`, its "{holder}" replaced by
-    the holder's pid, host and start time."""
-    f = open(path, "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):         # no flock here: Lustre -o noflock, some NFS
-            f.close()
-            raise SystemExit(f"error: cannot lock {path}: {e.strerror or e} (errno {e.errno}): its file system does "
-                             "not support flock (Lustre mounted without flock, some NFS): put the folder on one that "
-                             "does (local disk, or Lustre mounted with -o flock)") from None
-        f.seek(0)
-        raise SystemExit("error: " + refusal.replace("{holder}", f.read().strip() or "unknown")) from None
+    process never blocks its own rerun), or until release_lock. A second process is refused: `error: {refusal}`, its
+    "{holder}" replaced by the holder's pid, host and start time."""
+    while True:
+        f = open(path, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):     # no flock here: Lustre -o noflock, some NFS
+                f.close()
+                raise SystemExit(f"error: cannot lock {path}: {e.strerror or e} (errno {e.errno}): its file system "
+                                 "does not support flock (Lustre mounted without flock, some NFS): put the folder on "
+                                 "one that does (local disk, or Lustre mounted with -o flock)") from None
+            f.seek(0)
+            raise SystemExit("error: " + refusal.replace("{holder}", f.read().strip() or "unknown")) from None
+        try:
+            if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        f.close()         # the holder released and removed the file between our open and flock: lock the new one
     f.truncate(0)
     f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     f.flush()
     return f
+
+
+def release_lock(f):
+    """Remove the lock file of lock_file, then let the lock go: a clean end leaves no lock file. Removed while still
+    held, so a process that opened the old file meanwhile finds it gone and locks a new one (lock_file)."""
+    with suppress(FileNotFoundError):
+        os.remove(f.name)
+    f.close()
 
 
 PREPARING = weakref.WeakValueDictionary()   # folder -> this process's lock on it, while a preparation holds it
@@ -462,6 +478,20 @@ def data_identity(data_dir):
             f.seek(max(4096, os.fstat(f.fileno()).st_size - 4096))
             h.update(f.read())
     return h.hexdigest()[:16]
+
+
+def split_over_processes(x, y, mask, micro_batch, rank, world):
+    """This process's micro-batches (x, y, mask or None) of fixed windows, strided over processes: every window on
+    some process and as many on each (FSDP's collectives need the same number of forwards everywhere), the last ones
+    padded with copies that count nowhere (mask False, targets -1)."""
+    if pad := -len(x) % world:
+        mask = torch.ones_like(x, dtype=torch.bool) if mask is None else mask
+        x = torch.cat([x, x[:1].expand(pad, -1)])
+        y = torch.cat([y, torch.full((pad, y.size(1)), -1)])
+        mask = torch.cat([mask, torch.zeros(pad, mask.size(1), dtype=torch.bool)])
+    x, y, mask = x[rank::world], y[rank::world], None if mask is None else mask[rank::world]
+    return [(x[i:i + micro_batch], y[i:i + micro_batch], None if mask is None else mask[i:i + micro_batch])
+            for i in range(0, len(x), micro_batch)]
 
 
 def val_windows(data_dir, tokenizer, vocab_size, seq_len, n):

@@ -41,13 +41,19 @@ from lib.tasks import HFModelLM, ModelLM, PAPER_TASKS, TASKS, evaluate_tasks, lo
 METRIC_ORDER = ("acc", "acc_norm", "perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte")
 
 
+def _num(v, fmt):
+    """v in `fmt`, or in 3 significant digits from 1e5 up: a tiny model's LAMBADA perplexity reads 1.88e+08, not
+    188251185.23 (the JSON keeps every digit)."""
+    return format(v, ("+" if fmt.startswith("+") else "") + ".2e") if abs(v) >= 1e5 else format(v, fmt)
+
+
 def _fmt(result, m):
     v, se = result.get(m), result.get(m + "_stderr")
     if v is None:
         return "–"
     if se is not None:
-        return f"{v:.4f} ± {se:.4f}"
-    return f"{v:.2f}" if m in ("perplexity", "word_perplexity") else f"{v:.4f}"
+        return f"{_num(v, '.4f')} ± {_num(se, '.4f')}"
+    return _num(v, ".2f" if m in ("perplexity", "word_perplexity") else ".4f")
 
 
 def results_table(models):
@@ -57,7 +63,8 @@ def results_table(models):
     if len(names) == 1:
         lines = ["| task | split | n | acc | acc_norm | perplexity |", "|---|---|---|---|---|---|"]
         for t, r in ((t, models[names[0]]["results"][t]) for t in tasks):
-            ppl = (f"word {r['word_perplexity']:.2f}, byte {r['byte_perplexity']:.4f}, bpb {r['bits_per_byte']:.4f}"
+            ppl = (f"word {_num(r['word_perplexity'], '.2f')}, byte {_num(r['byte_perplexity'], '.4f')}, "
+                   f"bpb {r['bits_per_byte']:.4f}"
                    if "word_perplexity" in r else _fmt(r, "perplexity"))
             lines.append(f"| {t} | {r['split']} | {r['n']} | {_fmt(r, 'acc')} | {_fmt(r, 'acc_norm')} | {ppl} |")
         avg = models[names[0]]["average"]
@@ -71,7 +78,7 @@ def results_table(models):
         res = [models[n]["results"].get(t, {}) for n in names]
         if any(m in r for r in res):
             vals = [r.get(m) for r in res]
-            delta = f"{vals[1] - vals[0]:+.4f}" if None not in vals[:2] else "–"
+            delta = _num(vals[1] - vals[0], "+.4f") if None not in vals[:2] else "–"
             lines.append(f"| {t} | {m} | " + " | ".join(_fmt(r, m) for r in res) + f" | {delta} |")
     for m, count in (("acc", "n_tasks"), ("acc_norm", "n_tasks_acc_norm")):     # the paper's average, and acc_norm's
         avgs, n = [models[name]["average"][m] for name in names], models[names[0]]["average"][count]
@@ -93,7 +100,7 @@ def early_exit_table(name, entry):
              "|---" * (len(tasks) + 3) + "|"]
     for row in entry["early_exit"]:
         cells = [" / ".join(num(r[m]) for m in ("acc", "acc_norm") if m in r) if "acc" in r else
-                 f"{r['word_perplexity']:.2f}" for r in row["results"].values()]
+                 _num(r["word_perplexity"], ".2f") for r in row["results"].values()]
         lines.append(f"| {row['layer']} | " + " | ".join(cells) + f" | {num(row['average']['acc'])} | "
                      f"{num(row['average']['acc_norm'])} |")
     avg = np.mean(list(chance.values())) if chance else None

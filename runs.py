@@ -44,7 +44,7 @@ class Run:
         run = Run(cfg, mcfg, data_id, rank)       # locked, checked: run.step, run.seq_index (0, 0 or the checkpoint's)
         run.restore(model, optimizer)             # the checkpoint's weights and optimizer state, if there is one
         run.start(device, model)                  # config.json, run_info.json, log.jsonl cut back; W&B
-        run.log(record, line)                     # a record in log.jsonl (and W&B), a line on stdout: rank 0
+        run.log(record)                           # a record in log.jsonl (and W&B), its line on stdout: rank 0
         run.count_bad_steps(applied, step, ...)   # a non-finite step logged; too many in a row end the run
         run.checkpoint(step, model, optimizer, seq_index)   # when due, or stopped: saved; True to stop the loop
         run.close()                               # an async save in flight is published
@@ -88,14 +88,24 @@ class Run:
             print(f"the run is at step {self.step} (max_steps {cfg.max_steps}): nothing to train; raise max_steps to "
                   "extend it")
 
-    def log(self, record, line=None):
-        if self.master:
-            with open(self.log_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
-            if self.wandb:
-                self.wandb.log(record, step=record["step"])
-            if line:
-                print(line, flush=True)
+    def log(self, record, line=None, quiet=False):
+        """record into log.jsonl (and W&B); on stdout `line`, or that of a step or eval record unless quiet."""
+        if not self.master:
+            return
+        with open(self.log_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.wandb:
+            self.wandb.log(record, step=record["step"])
+        if line is None and not quiet and "loss" in record:
+            line = (f"step {record['step']:6d} | loss {record['loss']:.4f} ce {record['ce']:.4f} jreg "
+                    f"{record['jreg']:.4f} ζ_L {record['zeta_L'] or 0:.2f} | lr {record['lr']:.2e} | grad "
+                    f"{record['grad_norm']:.3f} | {record['tok_per_s']:.0f} tok/s"
+                    + (f" | mfu {100 * record['mfu']:.1f}%" if record["mfu"] else ""))
+        elif line is None and not quiet and "val_loss" in record:
+            line = (f"eval {record['step']:6d} | val_loss {record['val_loss']:.4f} | ζ_L "
+                    f"{(record['zeta'] or [0])[-1]:.2f} | Ψ {' '.join(f'{p:.3f}' for p in record['psi'])}")
+        if line:
+            print(line, flush=True)
 
     def count_bad_steps(self, applied, step, seq_index, loss, grad_norm, lr):
         """A step not applied had a non-finite loss or gradient norm: nothing of it was applied and the data moves on

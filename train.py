@@ -6,16 +6,15 @@ Pre-train a Llama with or without JREG: loss = CE + λ · Σ_l w_l Ψ_l.
     torchrun --nproc_per_node=8 train.py configs/170m_jreg.py     # DDP (or FSDP2 with --fsdp=True)
 
 Every setting and its default is in config.Config; a config file is Python (trusted input) assigning some of them.
-One step reads three files: this one (the loop and the loss), model.py (the forward) and jreg.py (Ψ and the penalty).
+One step reads three files: this one (the loop and the loss), model.py (the forward) and jreg.py (Ψ and the penalty);
+parallel.py spreads it over processes and devices, runs.py keeps the run folder.
 Starting a run in an out_dir that holds a checkpoint resumes it exactly (runs.Run); the settings that define the
 experiment must then be the same (config.RESUMABLE lists those that may change). A step with a non-finite loss or
 gradient is skipped and logged. A user error is one `error:` line, exit status 1.
 """
 import dataclasses
 import gc
-import inspect
 import math
-import os
 import sys
 import time
 from contextlib import nullcontext
@@ -25,52 +24,12 @@ import torch
 import torch.distributed as dist
 
 from config import fail, load_config, usage
-from lib.conversations import PackedStream, is_conversations
-from data import ShardStream, data_identity, load_manifest, val_windows
+from data import ShardStream, data_identity, load_manifest, split_over_processes, val_windows
 from jreg import JregObjective, Profile, jump_rate
+from lib.conversations import PackedStream, is_conversations
 from model import Llama
+from parallel import gradient_sync, process_device, processes, shard_fsdp, to_device, wrap_ddp
 from runs import Run, peak_flops, start_weights
-
-
-@dataclasses.dataclass
-class Processes:
-    """This process's place: torchrun's environment, or one process."""
-    rank: int
-    local_rank: int
-    world: int
-    local_world: int
-
-    @property
-    def distributed(self):
-        return "RANK" in os.environ
-
-
-def processes():
-    env = lambda key, default: int(os.environ.get(key, default))          # noqa: E731
-    return Processes(env("RANK", 0), env("LOCAL_RANK", 0), env("WORLD_SIZE", 1), env("LOCAL_WORLD_SIZE", 1))
-
-
-def process_device(name, local_rank, local_world):
-    """The device of this process: auto and a bare cuda are this node's GPU local_rank (torchrun's one GPU per process);
-    cuda:N is refused where several processes of the node would all land on GPU N."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        return f"cuda:{local_rank}"
-    if name.startswith("cuda:") and local_world > 1:
-        fail(f"device = {name!r} puts all {local_world} processes of this node on one GPU: use device=cuda (or auto), "
-             "which gives each process the GPU of its LOCAL_RANK")
-    return name
-
-
-def grad_accum_steps(cfg, world):
-    """Micro-steps per optimizer step: batch_tokens = micro_batch · seq_len · world · grad_accum, exactly."""
-    seqs, rest = divmod(cfg.batch_tokens, cfg.seq_len)
-    accum, rest2 = divmod(seqs, cfg.micro_batch * world)
-    if rest or rest2 or accum == 0:
-        fail(f"batch_tokens {cfg.batch_tokens} must be a multiple of seq_len · micro_batch · world_size"
-             f" = {cfg.seq_len} · {cfg.micro_batch} · {world}")
-    return accum
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -95,16 +54,17 @@ def data_streams(cfg, vocab_size, n_val, proc):
         x, y, mask = windows[:, :-1], windows[:, 1:], None
     if len(x) == 0:
         fail(f"{cfg.data_dir}: the val split holds no window of {cfg.seq_len + 1} tokens")
-    if pad := -len(x) % proc.world:         # every window on some process, as many on each: the last ones padded
-        mask = torch.ones_like(x, dtype=torch.bool) if mask is None else mask    # with copies that count nowhere
-        x = torch.cat([x, x[:1].expand(pad, -1)])
-        y = torch.cat([y, torch.full((pad, y.size(1)), -1)])
-        mask = torch.cat([mask, torch.zeros(pad, mask.size(1), dtype=torch.bool)])
-    batches = []
-    for i in range(proc.rank * cfg.micro_batch, len(x), proc.world * cfg.micro_batch):    # strided over processes
-        rows = slice(i, i + cfg.micro_batch)
-        batches.append((x[rows], y[rows], None if mask is None else mask[rows]))
-    return train, batches
+    return train, split_over_processes(x, y, mask, cfg.micro_batch, proc.rank, proc.world)
+
+
+def grad_accum_steps(cfg, world):
+    """Micro-steps per optimizer step: batch_tokens = micro_batch · seq_len · world · grad_accum, exactly."""
+    seqs, rest = divmod(cfg.batch_tokens, cfg.seq_len)
+    accum, rest2 = divmod(seqs, cfg.micro_batch * world)
+    if rest or rest2 or accum == 0:
+        fail(f"batch_tokens {cfg.batch_tokens} must be a multiple of seq_len · micro_batch · world_size"
+             f" = {cfg.seq_len} · {cfg.micro_batch} · {world}")
+    return accum
 
 
 def lr_at(step, cfg):
@@ -116,57 +76,24 @@ def lr_at(step, cfg):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The model, its wrappers and the optimizer
+# The model and the optimizer
 
 def build_model(cfg, mcfg, device, init_sd):
     """The model, built in place on the device and FSDP-sharded when asked, and AdamW. Numerics, DDP and FSDP alike:
-    fp32 weights, bf16 matmuls from the loop's autocast, an fp32 residual stream (FSDP's fsdp_param_dtype=bfloat16
-    trades that for half the communication: docs/training.md). No weight decay on norms, biases or the token
-    embedding (tied: the shared matrix) unless decay_embeddings; an untied head is a linear layer and decays."""
+    fp32 weights, bf16 matmuls from the loop's autocast, an fp32 residual stream. No weight decay on norms, biases or
+    the token embedding (tied: the shared matrix) unless decay_embeddings; an untied head decays."""
     with torch.device(device):                          # no full CPU copy per process
         model = Llama(mcfg, activation_checkpointing=cfg.activation_checkpointing)
     if init_sd is not None:
         model.load_state_dict(init_sd)
-    if cfg.fsdp:                                        # torchtitan's placement: each block compiled, then sharded
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        if cfg.compile:                                 # the top level in parts: the final norm and the loss's chunks;
-            model.norm.compile()                        # the objective compiles the penalty
-            model.loss_fn.compile()
-        shard = dict(mp_policy=MixedPrecisionPolicy(param_dtype=getattr(torch, cfg.fsdp_param_dtype),
-                                                    reduce_dtype=torch.float32))   # gradients reduced in fp32
-        if not mcfg.tie_embeddings:                     # the embedding its own group, resharded after forward (a tied
-            fully_shard(model.tok_emb, **shard)         # one stays with the root: one matrix)
-        for block in model.layers:
-            if cfg.compile:
-                block.compile()                         # in place: parameter names unchanged
-            fully_shard(block, **shard)
-        fully_shard(model, **shard)                     # the root: final norm and head, kept gathered after forward
+    if cfg.fsdp:
+        shard_fsdp(model, cfg)
     decay = [p.dim() >= 2 and (cfg.decay_embeddings or p is not model.tok_emb.weight) for p in model.parameters()]
     groups = [[p for p, d in zip(model.parameters(), decay) if d == on] for on in (True, False)]
     optimizer = torch.optim.AdamW([{"params": groups[0], "weight_decay": cfg.weight_decay},
                                    {"params": groups[1], "weight_decay": 0.0}],
                                   lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type in ("cuda", "cpu"))
     return model, optimizer
-
-
-def wrap_ddp(module, device):
-    """DDP as torchtitan sets it for a compiled model: no broadcast of buffers (the only ones, RoPE's tables, never
-    change) and 100 MB gradient buckets (compiled DDP breaks the graph at each bucket: 25 MB cut a 170M model's into
-    ~26 pieces)."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else \
-        "broadcast_buffers"                                      # its name before torch 2.13
-    return DDP(module, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=100,
-               **{no_sync: False})
-
-
-def to_device(batches, device):
-    """A step's micro-batches on the device: copied from pinned memory, so the copies do not stop the host (a copy from
-    pageable memory to a GPU waits for the GPU)."""
-    if device.type == "cpu":
-        return batches
-    move = lambda t: None if t is None else t.pin_memory().to(device, non_blocking=True)   # noqa: E731
-    return [tuple(move(t) for t in batch) for batch in batches]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -281,15 +208,13 @@ def main(argv):
                               penalize=cfg.jreg_lambda > 0, compile_penalty=cfg.compile and cfg.fsdp).to(device)
     if proc.distributed and not cfg.fsdp:        # DDP before compile, as PyTorch documents: buckets overlap backward
         objective = wrap_ddp(objective, device)
-    set_gradient_sync = (model.set_requires_gradient_sync if cfg.fsdp else
-                         (lambda on: setattr(objective, "require_backward_grad_sync", on)) if proc.distributed else
-                         (lambda on: None))
+    set_gradient_sync = gradient_sync(model, objective, cfg, proc.distributed)
     forward = torch.compile(objective) if cfg.compile and not cfg.fsdp else objective
     flops_per_step, (_, peak) = model.flops_per_token(cfg.seq_len) * cfg.batch_tokens, peak_flops(device)
 
     # ---- the loop
     if step == 0 and cfg.eval_interval > 0:
-        run.log({"step": 0, "tokens": 0, **validate(model, val_batches, cfg, device, autocast)})
+        run.log({"step": 0, "tokens": 0, **validate(model, val_batches, cfg, device, autocast)}, quiet=True)
     while step < cfg.max_steps:
         t0, lr = time.time(), lr_at(step, cfg)
         for group in optimizer.param_groups:
@@ -314,14 +239,10 @@ def main(argv):
                    "grad_norm": grad_norm.item(), "tok_per_s": cfg.batch_tokens / dt,
                    "mfu": flops_per_step / dt / (peak * proc.world) if peak else None,
                    "mem_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
-            run.log(rec, f"step {step:6d} | loss {rec['loss']:.4f} ce {rec['ce']:.4f} jreg {rec['jreg']:.4f} "
-                    f"ζ_L {rec['zeta_L'] or 0:.2f} | lr {lr:.2e} | grad {rec['grad_norm']:.3f} | "
-                    f"{rec['tok_per_s']:.0f} tok/s" + (f" | mfu {100 * rec['mfu']:.1f}%" if rec["mfu"] else ""))
+            run.log(rec)
         if cfg.eval_interval > 0 and (step % cfg.eval_interval == 0 or step == cfg.max_steps):
-            ev = validate(model, val_batches, cfg, device, autocast)
-            run.log({"step": step, "tokens": step * cfg.batch_tokens, **ev},
-                    f"eval {step:6d} | val_loss {ev['val_loss']:.4f} | ζ_L {(ev['zeta'] or [0])[-1]:.2f} | "
-                    f"Ψ {' '.join(f'{p:.3f}' for p in ev['psi'])}")
+            run.log({"step": step, "tokens": step * cfg.batch_tokens, **validate(model, val_batches, cfg, device,
+                                                                                  autocast)})
         if run.checkpoint(step, model, optimizer, seq_index):
             break                                               # stopped by a signal, its checkpoint saved
 

@@ -1,5 +1,5 @@
 # Supervised fine-tuning of the 3.4B baseline (the paper's SFT comparison), Tulu-style settings [ours]:
-#   python prepare_sft.py --out_dir data/tulu_v2 --seq_len 2048           # Tulu v2 SFT mixture, prepared once
+#   python -m scripts.prepare_sft --out_dir data/tulu_v2 --seq_len 2048           # Tulu v2 SFT mixture, prepared once
 #   torchrun --nproc_per_node=8 train.py configs/sft_3.4b.py
 init_from = "out/3.4b"         # the pre-trained run's newest checkpoint (RUN_DIR@STEP for another)
 data_dir = "data/tulu_v2"      # prepare_sft.py's packed conversations: loss on assistant tokens only

@@ -1,5 +1,5 @@
 # The small fine-tuning demonstration (README, "Fine-tuning at small scale"): the KJV baseline fine-tuned on
-# ShareGPT conversations, byte tokens, CPU. Data: python prepare_sft.py --input sharegpt.jsonl --out_dir data/sharegpt_bytes
+# ShareGPT conversations, byte tokens, CPU. Data: python -m scripts.prepare_sft --input sharegpt.jsonl --out_dir data/sharegpt_bytes
 #   --tokenizer bytes --seq_len 512 --val_conversations 200
 init_from = "out/kjv/base"
 data_dir = "data/sharegpt_bytes"

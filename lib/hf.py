@@ -14,6 +14,7 @@ import torch
 
 from config import fail
 from data import HFTokenizer, get_tokenizer, one_line, tokenizer_fingerprint
+from lib.progress import timed
 from model import Llama, LlamaConfig, rope_cache
 
 
@@ -117,10 +118,12 @@ def load_hf(name_or_path, gguf_file=None, device="cpu", dtype=torch.float32, rev
     out of memory) is one error line naming the model and the part that failed."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     kwargs, part = _hf_kwargs(gguf_file, revision), "tokenizer"
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
-        part = "weights"
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).to(device).eval()
+    try:                                  # a GGUF file is dequantised here: SmolLM2-135M's took 27 s on 2 CPU cores
+        with timed(f"loading Hugging Face model {hf_name(name_or_path, gguf_file, revision)}"
+                   + (" (GGUF: dequantising)" if gguf_file else "")):
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+            part = "weights"
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).to(device).eval()
     except Exception as e:
         raise SystemExit(f"error: could not load the {part} of Hugging Face model "
                          f"{hf_name(name_or_path, gguf_file, revision)}: {one_line(e)}") from e
@@ -157,7 +160,8 @@ def init_weights_hf(name, tokenizer):
     if model_type != "llama":
         fail(f"{where} is a {model_type} model, not a Llama (the architecture this project trains)")
     try:
-        hf = llama_from_hf(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs))
+        with timed(f"{where}: loading the weights" + (" (GGUF: dequantising to fp32)" if gguf else "")):
+            hf = llama_from_hf(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs))
     except Exception as e:
         fail(f"{where}: cannot load the model ({one_line(e, 200)})")
     try:

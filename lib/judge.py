@@ -22,6 +22,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
+from lib.progress import Progress
+
 
 # FastChat's constants (fastchat/llm_judge/common.py)
 NEED_REF_CATS = ("math", "reasoning", "coding")
@@ -231,8 +233,8 @@ def parse_rating(text):
 
 def judge_answers(judge, prompts, questions, answers, references, cache, parallel=4, progress=True):
     """Judgment records of every (benchmark, question, turn, model): cached ones, then new ones from `parallel`
-    concurrent requests, each cached as it completes. answers: {model_id: {benchmark: {qid: [turns]}}}."""
-    from tqdm import tqdm
+    concurrent requests, each cached as it completes. answers: {model_id: {benchmark: {qid: [turns]}}}. progress:
+    the requests done, a bar on a terminal and plain lines in a log (lib.progress)."""
     records, todo, url = [], [], judge.url.rstrip("/")
     for model_id, by_bench in answers.items():
         for bench, qs in questions.items():
@@ -267,13 +269,16 @@ def judge_answers(judge, prompts, questions, answers, references, cache, paralle
         return rec
 
     pool, wait = ThreadPoolExecutor(parallel), True      # a failing judge: the requests in flight finish and are cached
+    bar = Progress(total=len(todo), desc=f"judging ({judge.model})", unit="request", enabled=progress and bool(todo))
     try:
         futures = [pool.submit(run, item, messages) for item, messages in todo]
-        for f in tqdm(as_completed(futures), total=len(futures), desc="judging", disable=not progress or None):
+        for f in as_completed(futures):
             records.append(f.result())
+            bar.update()
     except KeyboardInterrupt:
         wait = False                                    # Ctrl-C: queued requests are cancelled, none is waited for
         raise
     finally:
+        bar.close()
         pool.shutdown(wait=wait, cancel_futures=True)
     return records

@@ -12,12 +12,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
-from tqdm import tqdm
 
 from lib.conversations import is_conversations, read_manifest
 from data import HFTokenizer, get_tokenizer, list_shards, read_shard, tokenizer_fingerprint
 from jreg import Profile
 from lib.hf import llama_from_hf
+from lib.progress import Progress
 from model import Llama
 
 
@@ -95,6 +95,18 @@ def loss_sum(logits, targets, valid):
     return (ce * valid.flatten()).sum()
 
 
+def _scored(batch, device):
+    """(x, y, valid, psi_mask) of one batch: what the model reads, its targets, the positions scored, and those of
+    Ψ (the same tensor as valid, except for packed conversations: every real token)."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 3:          # packed conversations
+        x, y, real = (t.to(device) for t in batch)
+        return x, y.clamp(min=0), y != -1, real.bool()
+    w, mask = batch if isinstance(batch, (tuple, list)) else (batch, torch.ones_like(batch, dtype=torch.bool))
+    w, mask = w.to(device), mask.to(device).bool()
+    valid = mask[:, :-1] & mask[:, 1:]                                # the positions read that have a target
+    return w[:, :-1], w[:, 1:], valid, valid
+
+
 @torch.no_grad()
 def profile_model(model, windows, analysis_tokens=None, progress=False):
     """The layer profile of `model` (our Llama, or a transformers causal LM through hooks) over `windows`.
@@ -105,34 +117,41 @@ def profile_model(model, windows, analysis_tokens=None, progress=False):
     "assistant": the profile over the positions whose next token is a loss target (the assistant's answers).
     Ψ, ζ and the loss: jreg.Profile, token-weighted over all batches (psi: Ψ_1..Ψ_L, zeta: ζ_2..ζ_L, empty for one
     layer). On the first `analysis_tokens` scored tokens (whole batches; None: all; 0: none): logit_lens_loss
-    (h_0..h_L) and skip_block_loss_increase (blocks 1..L: the loss with that block's update removed, minus the loss)."""
+    (h_0..h_L) and skip_block_loss_increase (blocks 1..L: the loss with that block's update removed, minus the loss).
+    progress: a bar over the batches and, inside each analysed batch, one over its read-outs and skipped blocks
+    (lib.progress: plain lines in a log), since those take most of the time: 2L + 1 passes, a skipped block rerunning
+    the blocks above it (139 s for one batch of 2,048 tokens through SmolLM2's 30 layers on CPU)."""
     model.eval()
     device = next(model.parameters()).device
     profile, assistant, sums, an_tokens = Profile(), Profile(), None, 0   # sums: loss, tokens, lens, skips
-    for batch in tqdm(windows, desc="profile", disable=not progress):
-        if isinstance(batch, (tuple, list)) and len(batch) == 3:          # packed conversations
-            x, y, real = (t.to(device) for t in batch)
-            psi_mask, valid, y = real.bool(), y != -1, y.clamp(min=0)
-        else:
-            w, mask = batch if isinstance(batch, (tuple, list)) else (batch, torch.ones_like(batch, dtype=torch.bool))
-            w, mask = w.to(device), mask.to(device).bool()
-            x, y, valid = w[:, :-1], w[:, 1:], mask[:, :-1] & mask[:, 1:]     # the positions read that have a target
-            psi_mask = valid
-        logits, hidden, final_hidden = forward_streams(model, x)
-        loss = loss_sum(logits, y, valid)
-        profile.add(hidden, final_hidden, mask=psi_mask, loss_sum=loss, n_loss=valid.sum())
-        if psi_mask is not valid:
-            assistant.add(hidden, final_hidden, mask=valid, loss_sum=loss, n_loss=valid.sum())
-        if analysis_tokens is None or an_tokens < analysis_tokens:
-            an_tokens += int(valid.sum())
-            per_layer = [loss_sum(readout(model, h), y, valid) for h in hidden]
-            per_layer += [loss_sum(skip_block_logits(model, x, hidden, i), y, valid) for i in range(len(hidden) - 1)]
-            batch_sums = torch.stack([loss, valid.sum(), *per_layer]).double()
-            sums = batch_sums if sums is None else sums + batch_sums
-    if profile.sums is None:
+    batches = Progress(total=len(windows) if hasattr(windows, "__len__") else None, desc="profile", unit="batch",
+                       enabled=progress)
+    with batches:
+        for i, batch in enumerate(windows, 1):
+            x, y, valid, psi_mask = _scored(batch, device)
+            logits, hidden, final_hidden = forward_streams(model, x)
+            loss = loss_sum(logits, y, valid)
+            profile.add(hidden, final_hidden, mask=psi_mask, loss_sum=loss, n_loss=valid.sum())
+            if psi_mask is not valid:
+                assistant.add(hidden, final_hidden, mask=valid, loss_sum=loss, n_loss=valid.sum())
+            if analysis_tokens is None or an_tokens < analysis_tokens:
+                an_tokens += int(valid.sum())
+                with Progress(total=2 * len(hidden) - 1, desc=f"layer analysis of batch {i} (logit lens and "
+                              "skipped blocks)", unit="pass", enabled=progress, leave=False) as passes:
+                    per_layer = []
+                    for h in hidden:
+                        per_layer.append(loss_sum(readout(model, h), y, valid))
+                        passes.update()
+                    for block in range(len(hidden) - 1):
+                        per_layer.append(loss_sum(skip_block_logits(model, x, hidden, block), y, valid))
+                        passes.update()
+                batch_sums = torch.stack([loss, valid.sum(), *per_layer]).double()
+                sums = batch_sums if sums is None else sums + batch_sums
+            batches.update()
+    if not profile.sums:                                  # jreg.Profile starts empty
         raise SystemExit("error: no tokens to profile")
     out = profile.result()
-    if assistant.sums is not None:
+    if assistant.sums:
         out["assistant"] = assistant.result()
     if sums is not None:
         L, n, base = out["n_layer"], sums[1], sums[0] / sums[1]

@@ -1,15 +1,15 @@
 """
 Speed, measured side by side in one run (ratios, not absolute claims). Random tokens, no data needed.
 
-    python bench.py                                   # CPU: small config, fp32, eager
-    python bench.py --preset 170m --device cuda --compile --dtype bfloat16 --micro_batch 16 --seq_len 2048
+    python -m scripts.bench                                   # CPU: small config, fp32, eager
+    python -m scripts.bench --preset 170m --device cuda --compile --dtype bfloat16 --micro_batch 16 --seq_len 2048
                                                       # the GPU check: tok/s and MFU, λ = 0 vs λ = 1
-    python bench.py --generate --micro_batch 1 --prompt_len 128   # generation: KV cache vs recomputation
-    python bench.py --memory_probe --loss_chunk 128   # peak memory, measured beside estimate(): full vs chunked loss,
+    python -m scripts.bench --generate --micro_batch 1 --prompt_len 128   # generation: KV cache vs recomputation
+    python -m scripts.bench --memory_probe --loss_chunk 128   # peak memory, measured beside estimate(): full vs chunked loss,
                                                       # blocks stored vs checkpointed; and their step times
-    python bench.py --memory configs/1b_jreg.py --world 8 [--fsdp] [--compile] [--checkpointing]
+    python -m scripts.bench --memory configs/1b_jreg.py --world 8 [--fsdp] [--compile] [--checkpointing]
                                                       # the predicted peak per GPU of a config, by part
-    python bench.py --against 9146661 --compile       # the training forward + backward of model.py now vs at a git
+    python -m scripts.bench --against 9146661 --compile       # the training forward + backward of model.py now vs at a git
                                                       # revision (an ablation vs main: --against main), same weights
 
 It times, interleaving the contenders so that machine noise hits all of them alike (median of --repeats):

@@ -1,10 +1,10 @@
 """
 Talk to a model: batched generation with a key/value cache, and an interactive chat in the terminal.
 
-    python chat.py out/sft                                    # a run folder's latest checkpoint
-    python chat.py out/sft --step 2000 --temperature 0 --system "You are a concise assistant."
-    python chat.py --hf HuggingFaceTB/SmolLM2-135M-Instruct   # any Hugging Face Llama (converted to our Llama)
-    python chat.py --hf DIR --gguf model.gguf
+    python -m scripts.chat out/sft                                    # a run folder's latest checkpoint
+    python -m scripts.chat out/sft --step 2000 --temperature 0 --system "You are a concise assistant."
+    python -m scripts.chat --hf HuggingFaceTB/SmolLM2-135M-Instruct   # any Hugging Face Llama (converted to our Llama)
+    python -m scripts.chat --hf DIR --gguf model.gguf
 
 In the chat, each line you type is a user turn and the reply streams as it is generated. The conversation keeps its
 whole history while its prompt fits the model's context (max_seq_len); the reply is then capped at the tokens left

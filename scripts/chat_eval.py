@@ -2,11 +2,11 @@
 Chat evaluation with an LLM judge: MT-Bench (80 questions x 2 turns), Vicuna-80 and WizardLM-218, judged as
 FastChat's llm_judge does it (single-answer grading, scores 1-10), through any OpenAI-compatible endpoint.
 
-    python chat_eval.py out/sft_base out/sft_jreg --wizardlm WizardLM_testset.jsonl \
+    python -m scripts.chat_eval out/sft_base out/sft_jreg --wizardlm WizardLM_testset.jsonl \
         --judge_url https://api.openai.com/v1 --judge_model gpt-4 --out chat.json
-    python chat_eval.py out/sft_base --benchmarks mt_bench --limit 5 --judge_url http://127.0.0.1:8000/v1 \
+    python -m scripts.chat_eval out/sft_base --benchmarks mt_bench --limit 5 --judge_url http://127.0.0.1:8000/v1 \
         --judge_model DIR                             # a local server (vLLM, `transformers serve`), no key
-    python chat_eval.py out/sft_base --benchmarks mt_bench           # no --judge_url: answers only, cached
+    python -m scripts.chat_eval out/sft_base --benchmarks mt_bench           # no --judge_url: answers only, cached
 
 Questions, answers, judging, requests, the cache and resume, the report and its paired comparison (bootstrap CI,
 sign-flip permutation p): docs/finetuning.md, "Chat evaluation". answer_questions(questions, label, model_id,
@@ -26,8 +26,9 @@ import numpy as np
 import torch
 
 from lib.conversations import chat_prompt
-from data import lock_file, one_line, write_atomic
+from data import lock_file, one_line, release_lock, write_atomic
 from lib.generation import generate
+from lib.progress import Progress
 from lib.judge import (
     Cache, JUDGE_MAX_TOKENS, Judge, NEED_REF_CATS, category, digest, fastchat_data, judge_answers, jsonl_records,
     load_judge_prompts)
@@ -129,36 +130,42 @@ def answer_questions(questions, label, model_id, answer_fn, cache, max_new_token
                      dtype="float32", limits=None):
     """{benchmark: {question_id: [answer per turn]}}; answer_fn(messages, temperature) -> str, or a dict of the
     answer and fields to record (model_answer_fn's), is called only for turns missing from the cache. questions:
-    {benchmark: [question]}; limits (a dict) gets {benchmark: {limit: count}} of answers a context limit touched."""
-    from tqdm import tqdm
+    {benchmark: [question]}; limits (a dict) gets {benchmark: {limit: count}} of answers a context limit touched.
+    progress: the turns answered (cached ones included), a bar on a terminal and plain lines in a log."""
     out = {}
     total = sum(len(q["turns"]) for qs in questions.values() for q in qs)
-    bar = tqdm(total=total, desc=f"answers {label}", disable=not progress or None)
-    for bench, qs in questions.items():
-        out[bench] = {}
-        for q in qs:
-            temperature = TEMPERATURE.get(category(q), DEFAULT_TEMPERATURE)
-            messages, answers = [], []
-            for turn, text in enumerate(q["turns"], 1):
-                messages.append({"role": "user", "content": text})
-                key = (f"answer|{bench}|{q['question_id']}|{turn}|{model_id}|"
-                       + digest([messages, temperature, max_new_tokens, seed, dtype]))
-                rec = cache.get(key)
-                if rec is None:
-                    got = answer_fn([dict(m) for m in messages], temperature)
-                    got = {"answer": got} if isinstance(got, str) else got
-                    rec = {"key": key, "kind": "answer", "benchmark": bench, "question_id": q["question_id"],
-                           "turn": turn, "model": model_id, "temperature": temperature, **got,
-                           "answer": got["answer"].strip()}
-                    cache.put(rec)
-                if limits is not None and rec.get("limit"):
-                    n = limits.setdefault(bench, {})
-                    n[rec["limit"]] = n.get(rec["limit"], 0) + 1
-                answers.append(rec["answer"])
-                messages.append({"role": "assistant", "content": rec["answer"]})
-                bar.update()
-            out[bench][q["question_id"]] = answers
-    bar.close()
+    with Progress(total=total, desc=f"answers {label}", unit="turn", enabled=progress) as bar:
+        for bench, qs in questions.items():
+            out[bench] = _answer_benchmark(bench, qs, model_id, answer_fn, cache, max_new_tokens, seed, dtype, limits,
+                                           bar)
+    return out
+
+
+def _answer_benchmark(bench, qs, model_id, answer_fn, cache, max_new_tokens, seed, dtype, limits, bar):
+    """{question_id: [answer per turn]} of one benchmark (answer_questions)."""
+    out = {}
+    for q in qs:
+        temperature = TEMPERATURE.get(category(q), DEFAULT_TEMPERATURE)
+        messages, answers = [], []
+        for turn, text in enumerate(q["turns"], 1):
+            messages.append({"role": "user", "content": text})
+            key = (f"answer|{bench}|{q['question_id']}|{turn}|{model_id}|"
+                   + digest([messages, temperature, max_new_tokens, seed, dtype]))
+            rec = cache.get(key)
+            if rec is None:
+                got = answer_fn([dict(m) for m in messages], temperature)
+                got = {"answer": got} if isinstance(got, str) else got
+                rec = {"key": key, "kind": "answer", "benchmark": bench, "question_id": q["question_id"],
+                       "turn": turn, "model": model_id, "temperature": temperature, **got,
+                       "answer": got["answer"].strip()}
+                cache.put(rec)
+            if limits is not None and rec.get("limit"):
+                n = limits.setdefault(bench, {})
+                n[rec["limit"]] = n.get(rec["limit"], 0) + 1
+            answers.append(rec["answer"])
+            messages.append({"role": "assistant", "content": rec["answer"]})
+            bar.update()
+        out[q["question_id"]] = answers
     return out
 
 
@@ -287,13 +294,17 @@ def markdown(report):
     if limits_note(models):
         lines += ["", "Context limits:"] + limits_note(models)
     for c in report.get("comparisons", []):
+        rows = [(b, c[b]) for b in benches + ["average"] if (c.get(b) or {}).get("difference") is not None]
+        if not rows:                                     # every judgment of one model unparseable, say: no table
+            counts = "; ".join(f"{label}: {sum(models[label][b]['n'] for b in benches)} judged, "
+                               f"{sum(models[label][b]['unparseable'] for b in benches)} unparseable"
+                               for label in (c["a"], c["b"]))
+            lines += ["", f"{c['b']} − {c['a']}: no comparison: no item has a score from both models ({counts})"]
+            continue
         lines += ["", f"{c['b']} − {c['a']} ({c['method']})", "",
                   "| benchmark | difference | 95% CI | p | questions |", "|---|---|---|---|---|"]
-        for b in benches + ["average"]:
-            r = c.get(b) or {}
-            if r.get("difference") is not None:
-                lines.append(f"| {BENCHMARKS.get(b, b)} | {r['difference']:+.2f} | [{r['ci95'][0]:+.2f}, "
-                             f"{r['ci95'][1]:+.2f}] | {r['p']:.4f} | {r.get('n_questions', '')} |")
+        lines += [f"| {BENCHMARKS.get(b, b)} | {r['difference']:+.2f} | [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}] | "
+                  f"{r['p']:.4f} | {r.get('n_questions', '')} |" for b, r in rows]
     return "\n".join(lines)
 
 
@@ -333,8 +344,9 @@ def parse_args(argv=None):
     p.add_argument("--n_boot", type=int_at_least(1), default=10000, help="bootstrap and permutation draws")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--cache", help="JSONL cache of answers and judgments (default: OUT.cache.jsonl, "
-                                   "else chat_eval_cache.jsonl)")
+    p.add_argument("--cache", help="JSONL cache of answers and judgments (default: --out with its extension "
+                                   "replaced by .cache.jsonl, chat.json -> chat.cache.jsonl; without --out, "
+                                   "chat_eval_cache.jsonl)")
     p.add_argument("--out", help="write the report JSON here")
     return p.parse_args(argv)
 
@@ -414,9 +426,9 @@ def run(argv, locks):
         raise SystemExit(f"error: --out and --cache name the same file, {args.out}: the report would replace the cache")
     check_writable(args.out, "--out")
     check_writable(cache_path, "--cache")
-    for path in dict.fromkeys(filter(None, (args.out, cache_path))):
-        locks.enter_context(lock_file(f"{path}.lock", f"{path} is in use by another chat_eval.py process "
-                                      "({holder}); wait for it to finish or use another --out / --cache"))
+    held = [locks.enter_context(lock_file(f"{path}.lock", f"{path} is in use by another chat_eval.py process "
+                                          "({holder}); wait for it to finish or use another --out / --cache"))
+            for path in dict.fromkeys(filter(None, (args.out, cache_path)))]
     sources = {"mt_bench": "mt_bench" in benches and (args.mt_bench or fastchat_data("mt_bench", "question.jsonl")),
                "vicuna": args.vicuna, "wizardlm": args.wizardlm}
     questions = {b: load_questions(sources[b], args.limit) for b in benches}
@@ -471,6 +483,8 @@ def run(argv, locks):
     if args.out:
         write_atomic(args.out, json.dumps(report, indent=1, ensure_ascii=False))
         print(f"wrote {args.out}")
+    for lock in held:             # a clean end leaves no lock file; after a failure or Ctrl-C it stays, unheld
+        release_lock(lock)
     return 0
 
 

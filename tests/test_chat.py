@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from scripts import chat
 from lib.generation import generate, generate_uncached
+from lib.hf import llama_to_hf
 from model import Attention, KVCache, Llama, LlamaConfig, apply_rope
 from data import get_tokenizer
 from lib.conversations import prompt_ids, render
@@ -88,7 +89,7 @@ def test_batched_left_padded_equals_one_by_one():
 
 def test_greedy_equals_transformers_generate():
     model = random_model()
-    hf = model.to_hf().eval()
+    hf = llama_to_hf(model).eval()
     hf.generation_config.eos_token_id, hf.generation_config.pad_token_id = None, 0     # no stop token
     ours = generate(model, PROMPTS, 20, stop_ids=(), stop_texts=())
     for prompt, tokens in zip(PROMPTS, ours):
@@ -217,15 +218,16 @@ def test_training_forward_is_unchanged_and_a_full_prefill_equals_it():
     model = random_model()
     torch.manual_seed(1)
     idx, targets = torch.randint(0, 257, (3, 40)), torch.randint(-1, 257, (3, 40))
-    out, ref = model(idx, targets), training_forward_as_before(model, idx, targets)
-    assert torch.equal(out.logits, ref[0]) and torch.equal(out.loss, ref[1])
+    out, ref = model(idx), training_forward_as_before(model, idx, targets)
+    loss = F.cross_entropy(out.logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1)
+    assert torch.equal(out.logits, ref[0]) and torch.equal(loss, ref[1])
     assert all(torch.equal(a, b) for a, b in zip(out.hidden_states, ref[2], strict=True))
-    grads = torch.autograd.grad(out.loss, list(model.parameters()))
+    grads = torch.autograd.grad(loss, list(model.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(grads, torch.autograd.grad(ref[1], list(model.parameters()))))
     with torch.no_grad():
-        cached = model(idx, targets, cache=KVCache(model.config, 3, 40, "cpu", torch.float32))
+        cached = model(idx, cache=KVCache(model.config, 3, 40, "cpu", torch.float32))
     assert all(torch.equal(a, b) for a, b in zip(cached.hidden_states, out.hidden_states, strict=True))
-    assert torch.equal(cached.logits, out.logits) and torch.equal(cached.loss, out.loss)
+    assert torch.equal(cached.logits, out.logits[:, -1:])          # with a cache: the last position's
 
 
 def test_generation_and_training_share_one_attention(monkeypatch):
@@ -262,7 +264,7 @@ def run_dir(trained, tmp_path):
 
 
 def test_chat_command_line(run_dir):
-    """python chat.py RUN_DIR, stdin piped: multi-turn (the second turn sees the first), /clear, end of input."""
+    """python -m scripts.chat RUN_DIR, stdin piped: multi-turn (the second turn sees the first), /clear, end of input."""
     r = subprocess.run([sys.executable, "-m", "scripts.chat", run_dir, "--temperature", "0",
                         "--max_new_tokens", "6"], input="a\nb\n/clear\nb\n", cwd=HERE, capture_output=True,
                        text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -337,11 +339,11 @@ def test_chat_hf_folder(trained, enc, tmp_path, monkeypatch, capsys):
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>")
     assert conversations.chat_prompt([U("a")], data.HFTokenizer(tok)) == prompt_ids([U("a")], enc)
     assert generation.vocab_of(data.HFTokenizer(tok)) == generation.vocab_of(tok) == generation.vocab_of(enc) == 257
-    trained.to_hf().save_pretrained(tmp_path)
+    llama_to_hf(trained).save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     argv = ["--hf", str(tmp_path), "--temperature", "0", "--max_new_tokens", "6"]
     assert run_chat(argv, "a\nb\n", monkeypatch, capsys)[0] == ["Hi!", "Bye!"]
-    hf = trained.to_hf()
+    hf = llama_to_hf(trained)
     hf.generation_config.eos_token_id = [256, ord("!")]            # an end-of-turn id beside the tokenizer's eos
     hf.save_pretrained(tmp_path)
     assert run_chat(argv, "a\n", monkeypatch, capsys)[0] == ["Hi"]              # as Hugging Face's generate stops

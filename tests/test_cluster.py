@@ -1,7 +1,7 @@
 """What a GPU cluster run takes that a CPU test does not: device placement under torchrun, DDP and FSDP2 settings,
 host-to-device copies, resuming on another node shape, machines without git, file systems without flock, the torch
 floor, the peak FLOP/s behind MFU. Each is checked here as far as a CPU allows (the CUDA calls are stubbed where
-they would run); gpu_check.sh runs the real thing on a GPU."""
+they would run); scripts/gpu_check.sh runs the real thing on a GPU."""
 import errno
 import os
 import re
@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 import config as CF
 import data as D
+import parallel
 import runs as R
 import train
 from test_train import HERE, TINY, data_dir, read_log, run, torchrun  # noqa: F401 (data_dir: a fixture)
@@ -97,14 +98,14 @@ def test_a_bare_cuda_device_is_the_gpu_of_the_local_rank(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     for k, v in {"RANK": "11", "LOCAL_RANK": "3", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}.items():
         monkeypatch.setenv(k, v)
+    proc = parallel.processes()
+    assert (proc.rank, proc.local_rank, proc.world, proc.local_world) == (11, 3, 16, 8)
     for name in ("cuda", "auto"):
-        cfg = CF.load_config([f"--device={name}", "--batch_tokens=524288", "--micro_batch=16"])
-        device = train.processes(cfg)[4]
-        assert device == torch.device("cuda", 3) and cfg.device == "cuda:3"
+        assert parallel.process_device(name, proc.local_rank, proc.local_world) == "cuda:3"
     with pytest.raises(SystemExit, match="puts all 8 processes of this node on one GPU"):
-        train.processes(CF.load_config(["--device=cuda:0"]))
+        parallel.process_device("cuda:0", proc.local_rank, proc.local_world)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")                       # one GPU per task (Slurm): its own index stays
-    assert train.process_device("cuda:0", 0, 1) == "cuda:0"
+    assert parallel.process_device("cuda:0", 0, 1) == "cuda:0"
 
 
 def test_a_file_system_without_flock_is_named_not_taken_for_another_process(tmp_path, monkeypatch):
@@ -129,16 +130,16 @@ def test_batches_go_to_a_gpu_from_pinned_memory(monkeypatch):
     pinned = []
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: pinned.append(t) or t)
     x, y = torch.zeros(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long)
-    moved = train.to_device([(x, y, None), (x, y, x.bool())], torch.device("meta"))
+    moved = parallel.to_device([(x, y, None), (x, y, x.bool())], torch.device("meta"))
     assert len(pinned) == 5 and all(t.device.type == "meta" for b in moved for t in b if t is not None)
     assert moved[0][2] is None
     batches = [(x, y, None)]
-    assert train.to_device(batches, torch.device("cpu")) is batches and len(pinned) == 5
+    assert parallel.to_device(batches, torch.device("cpu")) is batches and len(pinned) == 5
 
 
 def test_ddp_keeps_its_buffers_and_uses_large_buckets(one_process_group):
     """(Before: PyTorch's defaults: RoPE's tables broadcast on every forward, 25 MB buckets.)"""
-    ddp = train.wrap_ddp(torch.nn.Linear(4, 4), torch.device("cpu"))
+    ddp = parallel.wrap_ddp(torch.nn.Linear(4, 4), torch.device("cpu"))
     assert getattr(ddp, "forward_sync_buffers", ddp.broadcast_buffers) is False    # its name since torch 2.13
     assert ddp.bucket_bytes_cap == 100 * 2 ** 20
 
@@ -150,7 +151,7 @@ def test_fsdp_groups_the_root_as_torchtitan_and_gathers_in_the_chosen_dtype(one_
     from torch.distributed.fsdp import FSDPModule
     for dtype in ("float32", "bfloat16"):
         cfg = CF.load_config(TINY + ["--device=cpu", "--fsdp=True", f"--fsdp_param_dtype={dtype}"])
-        model, _ = train.build(cfg, CF.model_config(cfg), torch.device("cpu"), False, None)
+        model, _ = train.build_model(cfg, CF.model_config(cfg), torch.device("cpu"), None)
         assert all(isinstance(m, FSDPModule) for m in (model, model.tok_emb, *model.layers))
         assert not isinstance(model.lm_head, FSDPModule)    # the loss calls it inside torch.func: no FSDP hooks there
         out = model(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))

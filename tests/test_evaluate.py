@@ -34,6 +34,7 @@ import data as D
 from lib import profiles as P
 import runs as R
 from lib import tasks as TK
+from lib.hf import llama_to_hf
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
@@ -817,7 +818,7 @@ def test_oracle_lm_evaluation_harness(tmp_path, data_dir, which):
         torch.manual_seed(0)
         mine = Llama(LlamaConfig(vocab_size=len(tok), n_layer=3, n_head=2, n_kv_head=1, d_model=32, ffn_hidden=64,
                                  max_seq_len=max_length, init_std=0.2)).eval()
-        model, ours = mine.to_hf().eval(), TK.ModelLM(mine, D.HFTokenizer(tok))
+        model, ours = llama_to_hf(mine).eval(), TK.ModelLM(mine, D.HFTokenizer(tok))
     harness = HFLM(pretrained=model, tokenizer=tok, batch_size=3, max_length=max_length)
     assert ours.encode("Question: what") == harness.tok_encode("Question: what")
     assert ours.encode("Question: what")[0] == tok.bos_token_id

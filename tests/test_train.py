@@ -22,6 +22,7 @@ import data as D
 import jreg
 import model as M
 import runs as R
+from lib.hf import llama_to_hf
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
@@ -129,9 +130,9 @@ def nan_from_call(monkeypatch, first, last=None):
     """JregObjective.forward returns a NaN CE on its calls first..last (1-based; 2 calls per step in TINY)."""
     real_forward, calls = jreg.JregObjective.forward, []
 
-    def forward(self, x, y, real=None):
+    def forward(self, x, y, mask=None):
         calls.append(1)
-        ce, penalty, psi = real_forward(self, x, y, real)
+        ce, penalty, psi = real_forward(self, x, y, mask)
         return (ce * float("nan") if first <= len(calls) <= (last or len(calls)) else ce), penalty, psi
     monkeypatch.setattr(jreg.JregObjective, "forward", forward)
 
@@ -601,7 +602,7 @@ def test_weight_decay_spares_norms_and_embeddings_unless_asked(data_dir):
     decays, as the committed KJV runs were trained. (Before: the embedding always decayed.)"""
     def groups(*extra):
         cfg = CF.load_config(TINY + [f"--data_dir={data_dir}", "--weight_decay=0.1", *extra])
-        model, opt = train.build(cfg, CF.model_config(cfg), torch.device("cpu"), False, None)
+        model, opt = train.build_model(cfg, CF.model_config(cfg), torch.device("cpu"), None)
         names = {id(p): n for n, p in model.named_parameters()}
         return [(g["weight_decay"], sorted(names[id(p)] for p in g["params"])) for g in opt.param_groups], model
     (wd, decay), (wd0, rest) = groups()[0]
@@ -619,8 +620,8 @@ def test_process_group_timeout_and_activation_checkpointing_are_settings(data_di
     gather and write); activation_checkpointing reaches the model. One process under torch.distributed (gloo)."""
     seen, real_init, real_objective = {}, train.dist.init_process_group, train.JregObjective.__init__
     monkeypatch.setattr(train.dist, "init_process_group", lambda *a, **k: (seen.update(k), real_init(*a, **k))[1])
-    monkeypatch.setattr(train.JregObjective, "__init__", lambda self, model, cfg, **kw: (
-        seen.update(blocks=getattr(model, "checkpoint_blocks", None)), real_objective(self, model, cfg, **kw))[1])
+    monkeypatch.setattr(train.JregObjective, "__init__", lambda self, model, **kw: (
+        seen.update(blocks=model.activation_checkpointing), real_objective(self, model, **kw))[1])
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
                        ("MASTER_PORT", str(29500 + os.getpid() % 1000))):
         monkeypatch.setenv(key, value)
@@ -961,7 +962,7 @@ def test_init_from_errors_are_one_line_and_latest_is_the_newest_checkpoint(data_
     ckpt = torch.load(tmp_path / "pre" / "ckpt_0000002.pt", weights_only=False)
     llama = M.Llama(M.LlamaConfig(**ckpt["model_config"]))
     llama.load_state_dict(ckpt["model"])
-    llama.to_hf().save_pretrained(tmp_path / "llama")
+    llama_to_hf(llama).save_pretrained(tmp_path / "llama")
     shutil.copytree(tmp_path / "llama", tmp_path / "llama_words")
     PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")),
                             unk_token="[UNK]").save_pretrained(tmp_path / "llama_words")
@@ -1045,7 +1046,7 @@ def test_continued_pretraining_from_a_hugging_face_model_with_its_own_tokenizer(
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     with torch.no_grad():
         np.testing.assert_allclose(exported(windows).logits, mine.eval()(windows).logits, atol=1e-5)
-    import tasks                                  # task scoring of the run in its own tokenizer, as the harness's
+    from lib import tasks                         # task scoring of the run in its own tokenizer, as the harness's
     requests = [("def main(argv):", " return"), ("x = <|endoftext|> y", " z"), ("", "import torch")]
     ours = tasks.score_requests(tasks.ModelLM(mine, D.get_tokenizer(model)), requests)
     theirs = tasks.score_requests(tasks.HFModelLM(exported, back), requests)

@@ -1,0 +1,228 @@
+"""Tests of docs/ablations.md: each of its three worked edits changes what training minimises, the loss
+train.train_step backpropagates (CE · share + λ · penalty · share) with the objective built by train.py's own
+JregObjective(...) call. The edits are the page's own: its config snippet and its diffs are read from the page and
+applied to a copy of jreg.py / model.py, so a page that no longer matches the code fails here."""
+import ast
+import dataclasses
+import functools
+import inspect
+import os
+import re
+import shlex
+import shutil
+import sys
+import types
+from contextlib import nullcontext
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import config as CF
+import jreg
+import model as M
+import train
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
+DOC = os.path.join(HERE, "docs", "ablations.md")
+CPU = torch.device("cpu")
+
+pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
+
+
+def doc_blocks(lang):
+    """The page's fenced code blocks of one language, in order."""
+    return re.findall(rf"^```{lang}\n(.*?)^```", open(DOC, encoding="utf-8").read(), re.S | re.M)
+
+
+def edited_module(name, monkeypatch):
+    """A fresh copy of NAME.py (jreg or model) with the page's diff of that file applied: each hunk's context and `-`
+    lines must occur in the file exactly once, as whole lines, and become its context and `+` lines."""
+    diffs = [d for d in doc_blocks("diff") if d.startswith(f"--- a/{name}.py\n")]
+    assert len(diffs) == 1, f"docs/ablations.md has {len(diffs)} diffs of {name}.py"
+    source = "\n" + open(os.path.join(HERE, f"{name}.py"), encoding="utf-8").read()
+    for hunk in diffs[0].split("\n@@")[1:]:
+        lines = [line for line in hunk.split("\n")[1:] if line]
+        assert all(line[0] in " +-" for line in lines), hunk
+        old = "".join(f"\n{line[1:]}" for line in lines if line[0] in " -") + "\n"
+        new = "".join(f"\n{line[1:]}" for line in lines if line[0] in " +") + "\n"
+        assert source.count(old) == 1, f"docs/ablations.md's diff of {name}.py no longer applies (fix the page):{old}"
+        source = source.replace(old, new)
+    module = types.ModuleType(f"{name}_as_docs_ablations_edits_it")
+    monkeypatch.setitem(sys.modules, module.__name__, module)          # dataclasses look their module up
+    exec(compile(source[1:], f"{name}.py, edited as docs/ablations.md shows", "exec"), module.__dict__)
+    return module
+
+
+def objective_as_train_builds_it(cfg, model):
+    """JregObjective(...) with the arguments of train.py's own call (train.main), evaluated on cfg and model."""
+    calls = [node for node in ast.walk(ast.parse(inspect.getsource(train.main)))
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "JregObjective"]
+    assert len(calls) == 1, "train.main builds the objective in one JregObjective(...) call"
+    scope = {"cfg": cfg, "model": model}
+    value = lambda node: eval(compile(ast.Expression(node), "train.py", "eval"), scope)     # noqa: E731
+    kwargs = {k.arg: value(k.value) for k in calls[0].keywords}
+    return jreg.JregObjective(*map(value, calls[0].args), **kwargs), kwargs
+
+
+def training_loss(objective, cfg, batch):
+    """train.train_step on one micro-batch, one process, fp32 (it also runs the backward pass): StepStats."""
+    return train.train_step(objective, [batch], cfg, CPU, nullcontext(), lambda on: None)
+
+
+def kjv_config(*args):
+    return CF.load_config([os.path.join(HERE, "configs", "kjv_jreg.py"), *args])
+
+
+def random_batch(cfg, T=32):
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 257, (2, T + 1), generator=g)      # byte tokens, as configs/kjv.py's
+    return tokens[:, :-1], tokens[:, 1:], None
+
+
+def test_the_names_the_page_gives_exist():
+    """Every function, class and line "Where things are" and the three edits point to is where the page says."""
+    doc = open(DOC, encoding="utf-8").read()
+    from lib import hf
+    import runs
+    names = {"train_step": train, "build_model": train, "validate": train, "main": train, "Llama.forward": M,
+             "Llama.reset_parameters": M, "Block.forward": M, "Attention.forward": M, "MLP.forward": M,
+             "RMSNorm": M, "ChunkedCrossEntropy": M, "chunk_loss_and_grads": M, "JregObjective.__init__": jreg,
+             "JregObjective.forward": jreg, "streams": jreg, "displacement": jreg, "layer_weights": jreg,
+             "jreg_penalty": jreg, "WEIGHTINGS": jreg, "RESUMABLE": CF, "llama_to_hf": hf, "llama_from_hf": hf,
+             "restore": runs, "load_run": runs}
+    for name, module in names.items():                 # named on the page, and there (an AttributeError if not)
+        assert f"`{name}`" in doc or f"`{module.__name__}.{name}`" in doc, name
+        functools.reduce(getattr, name.split("."), module)
+    lines = {"loss = ce * ce_share + cfg.jreg_lambda * penalty * psi_share": train.train_step,
+             "loss.backward()": train.train_step, "(self.weights * psi).sum()": jreg.JregObjective.forward,
+             "out.hidden_states[:-1] + [out.final_hidden]": jreg.streams}
+    for line, where in lines.items():
+        assert f"`{line}`" in doc and line in inspect.getsource(where), line
+    assert "# the penalty's settings, all here" in inspect.getsource(train.main)
+    script = lambda name: open(os.path.join(HERE, "scripts", name), encoding="utf-8").read()     # noqa: E731
+    assert "model.py is no standard Llama; nothing written" in script("export.py")
+    assert "its model.py takes other weights" in script("bench.py")
+    assert "def test_an_edit_to_the_head_reaches_the_training_loss(" in open(os.path.join(HERE, "test_jreg.py")).read()
+    assert "jreg_weighting" not in CF.RESUMABLE and "jreg_final_norm" not in CF.RESUMABLE
+    tests = set(re.findall(r"^Test: `(test_\w+)`", doc, re.M))
+    assert len(tests) == 3 and tests <= set(globals())
+
+
+def test_final_norm_last_layer_is_configuration_only(tmp_path):
+    """Edit 1: the page's config file (and its command line) turns the objective into CE + λ · Ψ_L of
+    [h_0..h_{L-1}, norm(h_L)], the hand reference, which differs from kjv_jreg's and from the raw h_L's."""
+    for name in ("kjv.py", "kjv_jreg.py"):
+        shutil.copy(os.path.join(HERE, "configs", name), tmp_path)
+    snippets = [block for block in doc_blocks("python") if 'include("kjv_jreg.py")' in block]
+    assert len(snippets) == 1
+    (tmp_path / "kjv_jreg_last_normed.py").write_text(snippets[0])
+    cfg, base = CF.load_config([str(tmp_path / "kjv_jreg_last_normed.py")]), kjv_config()
+    changed = {f.name for f in dataclasses.fields(CF.Config) if getattr(cfg, f.name) != getattr(base, f.name)}
+    assert changed == {"jreg_final_norm", "jreg_weighting", "out_dir"}
+    assert (cfg.jreg_final_norm, cfg.jreg_weighting, cfg.jreg_lambda, cfg.compile) == (True, "last", 1.0, False)
+    commands = [line for block in doc_blocks("bash") for line in block.splitlines()
+                if line.startswith("python train.py configs/kjv_jreg.py ")]
+    assert len(commands) == 1
+    argv = shlex.split(commands[0])[2:]
+    assert CF.load_config([os.path.join(HERE, argv[0]), *argv[1:]]) == cfg         # the command: the same run
+
+    torch.manual_seed(0)
+    model = M.Llama(CF.model_config(cfg))
+    with torch.no_grad():                   # a trained final-norm gain turns h_L (a gain of 1 only rescales it)
+        model.norm.weight.mul_(1 + 0.5 * torch.randn_like(model.norm.weight))
+    batch = random_batch(cfg)
+    losses = {}
+    for name, c in (("kjv_jreg", base), ("last, raw h_L", dataclasses.replace(cfg, jreg_final_norm=False)),
+                    ("last, normed h_L", cfg)):
+        objective, kwargs = objective_as_train_builds_it(c, model)
+        losses[name] = training_loss(objective, c, batch).loss
+    assert (kwargs["weighting"], kwargs["final_norm"]) == ("last", True)
+    with torch.no_grad():
+        out = model(*batch[:2])
+        h = out.hidden_states[:-1] + [model.norm(out.hidden_states[-1])]
+        psi_L = ((1 - F.cosine_similarity(h[-2], h[-1], dim=-1)) / 2).mean()
+    assert torch.allclose(losses["last, normed h_L"], out.loss + cfg.jreg_lambda * psi_L, rtol=0, atol=1e-6)
+    edit = losses.pop("last, normed h_L")
+    assert all(abs(edit - other) > 1e-2 for other in losses.values()), (edit, losses)
+    assert losses["kjv_jreg"] != losses["last, raw h_L"]          # close: at init, Ψ_l differs little across layers
+
+
+def test_a_linear_weighting_changes_the_training_objective(monkeypatch):
+    """Edit 2: the page's diff of jreg.py adds `linear`, w_l = 2l / (L(L+1)); config accepts it only after the edit;
+    the other weightings are unchanged; the training loss becomes CE + λ Σ_l w_l Ψ_l, not kjv_jreg's."""
+    with pytest.raises(SystemExit, match=r"'jreg_weighting' = 'linear': choose one of"):
+        kjv_config("--jreg_weighting=linear")
+    original, original_weightings = jreg.layer_weights, jreg.WEIGHTINGS
+    edited = edited_module("jreg", monkeypatch)
+    assert edited.WEIGHTINGS == (*original_weightings, "linear")
+    monkeypatch.setattr(jreg, "layer_weights", edited.layer_weights)
+    monkeypatch.setattr(jreg, "WEIGHTINGS", edited.WEIGHTINGS)
+    monkeypatch.setattr(CF, "WEIGHTINGS", edited.WEIGHTINGS)   # config.py's `from jreg import WEIGHTINGS`, at import
+    base, cfg = kjv_config(), kjv_config("--jreg_weighting=linear")
+    model = M.Llama(CF.model_config(cfg))
+    L = model.config.n_layer
+    w, l = jreg.layer_weights(L, cfg.jreg_alpha, "linear"), torch.arange(1, L + 1, dtype=torch.float32)
+    assert torch.allclose(w, 2 * l / (L * (L + 1))) and abs(w.sum().item() - 1) < 1e-6
+    for weighting in original_weightings:
+        assert torch.equal(edited.layer_weights(L, 3.0, weighting), original(L, 3.0, weighting))
+
+    batch = random_batch(cfg)
+    before = training_loss(objective_as_train_builds_it(base, model)[0], base, batch)
+    objective, kwargs = objective_as_train_builds_it(cfg, model)
+    after = training_loss(objective, cfg, batch)
+    assert kwargs["weighting"] == "linear" and torch.equal(objective.weights, w)
+    assert torch.allclose(after.penalty, (w * after.psi).sum(), atol=1e-7)
+    assert torch.allclose(after.loss, after.ce + cfg.jreg_lambda * (w * after.psi).sum(), atol=1e-6)
+    hs = model(*batch[:2]).hidden_states
+    assert torch.allclose(jreg.jreg_penalty(hs, cfg.jreg_alpha, "linear"), after.penalty, atol=1e-6)
+    assert torch.equal(before.ce, after.ce) and abs(after.loss - before.loss) > 1e-3, (before.loss, after.loss)
+
+
+def test_qk_norm_changes_training_and_generation(monkeypatch):
+    """Edit 3: the page's diff of model.Attention (QK-norm). On the same weights and batch: the training loss and the
+    KV-cached generation change (and cached = uncached still); the gradient reaches both new gains, which the
+    optimizer holds without weight decay, and one step lowers the loss; an old state dict no longer loads strictly
+    (no resume), and transformers' Llama no longer reproduces the model (export refuses it)."""
+    from lib.hf import llama_from_hf, llama_to_hf
+    cfg = kjv_config()
+    mcfg = CF.model_config(cfg)
+    torch.manual_seed(0)
+    plain = M.Llama(mcfg)
+    edited = edited_module("model", monkeypatch)
+    monkeypatch.setattr(M, "Attention", edited.Attention)            # what Block builds from now on
+    model, optimizer = train.build_model(cfg, mcfg, CPU, None)       # as train.py builds it, then plain's weights
+    gains = {f"layers.{i}.attn.{qk}_norm.weight" for i in range(mcfg.n_layer) for qk in "qk"}
+    missing, unexpected = model.load_state_dict(plain.state_dict(), strict=False)
+    assert set(missing) == gains and not unexpected
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\) in state_dict: .*q_norm"):
+        model.load_state_dict(plain.state_dict())                    # as runs.restore and runs.load_run load
+    params = dict(model.named_parameters())
+    assert all(torch.equal(params[name], torch.ones(mcfg.head_dim)) for name in gains)   # reset_parameters: gains 1
+    no_decay = {id(p) for g in optimizer.param_groups if g["weight_decay"] == 0 for p in g["params"]}
+    assert all(id(params[name]) in no_decay for name in gains)
+
+    x, y, _ = batch = random_batch(cfg)
+    with torch.no_grad():                                            # generation: a prompt, then one token, cached
+        def cached(m):
+            cache = M.KVCache(m.config, 2, 12, "cpu", torch.float32)
+            return torch.cat([m(x[:, :7], cache=cache).logits, m(x[:, 7:12], cache=cache).logits], 1)
+        ours, theirs = cached(model.eval()), cached(plain.eval())
+        assert torch.allclose(ours, model(x[:, :12]).logits[:, [6, 11]], atol=1e-5)   # the cache keeps normed keys
+        assert (ours - theirs).abs().max() > 1e-3
+        hf_plain, hf_edited = llama_to_hf(plain), llama_to_hf(model)
+        assert torch.allclose(hf_plain(x).logits, plain(x).logits, atol=1e-5)          # export's check passes...
+        assert (hf_edited(x).logits - model(x).logits).abs().max() > 1e-3              # ...and now refuses
+    with pytest.raises(RuntimeError, match="q_norm"):
+        llama_from_hf(hf_plain)                                      # nor does an HF model load (init_from="hf:...")
+    model.train(), plain.train()
+
+    before = training_loss(objective_as_train_builds_it(cfg, plain)[0], cfg, batch)
+    model.zero_grad(set_to_none=True)
+    after = training_loss(objective_as_train_builds_it(cfg, model)[0], cfg, batch)
+    assert abs(after.loss - before.loss) > 1e-3, (before.loss, after.loss)
+    assert all(params[name].grad is not None and params[name].grad.abs().sum() > 0 for name in gains)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    assert not all(torch.equal(params[name], torch.ones(mcfg.head_dim)) for name in gains)
+    assert training_loss(objective_as_train_builds_it(cfg, model)[0], cfg, batch).loss < after.loss
