@@ -1,6 +1,8 @@
-# The small fine-tuning demonstration (README, "Fine-tuning at small scale"): the KJV baseline fine-tuned on
-# ShareGPT conversations, byte tokens, CPU. Data: python -m scripts.prepare_sft --input sharegpt.jsonl --out_dir data/sharegpt_bytes
-#   --tokenizer bytes --seq_len 512 --val_conversations 200
+# The small fine-tuning demonstration (docs/finetuning.md, "Fine-tuning at small scale"): the KJV baseline fine-tuned
+# on ShareGPT conversations, byte tokens, CPU. Data: python -m scripts.prepare_sft --input data/sharegpt.jsonl
+#   --out_dir data/sharegpt_bytes --tokenizer bytes --seq_len 512 --val_conversations 200
+# It starts from docs/reproduction.md's baseline; after only the quick start (bash quickstart.sh), from its baseline:
+#   python train.py configs/sft_kjv.py --init_from=out/quickstart/base
 init_from = "out/kjv/base"
 data_dir = "data/sharegpt_bytes"
 out_dir = "out/kjv/sft_base"

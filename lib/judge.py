@@ -279,6 +279,6 @@ def judge_answers(judge, prompts, questions, answers, references, cache, paralle
         wait = False                                    # Ctrl-C: queued requests are cancelled, none is waited for
         raise
     finally:
-        bar.close()
         pool.shutdown(wait=wait, cancel_futures=True)
+        bar.close()
     return records

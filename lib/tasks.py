@@ -17,11 +17,11 @@ from collections import namedtuple
 import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
-from tqdm import tqdm
 
 from data import HFTokenizer, one_line
 from lib.profiles import forward_streams, readout
 from lib.hf import hf_max_length
+from lib.progress import Progress
 
 
 # A task: its hub dataset (path, config) and the split the harness evaluates, with its number of documents n; build:
@@ -296,30 +296,29 @@ def score_tokens(lm, encoded, batch_size=16, progress=False, desc="requests", ex
         inputs.setdefault(tuple((ctx + cont)[-(lm.max_length + 1):][:-1]), []).append((i, cont))
     order = sorted(inputs, key=lambda x: (-len(x), x))
     results = [None] * len(encoded)
-    bar = tqdm(total=len(encoded), desc=desc, disable=not progress)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        tokens = pad_sequence([torch.tensor(x) for x in chunk], batch_first=True)        # right-padded with 0
-        reqs = [(i, cont, row, len(x) - len(cont), len(x)) for row, x in enumerate(chunk) for i, cont in inputs[x]]
-        if exits is None:
-            logits = lm.logits(tokens)
-            for i, cont, row, a, b in reqs:
-                results[i] = _score(logits[row, a:b], cont)
-        else:
-            logits, hidden, _ = forward_streams(lm.model, tokens.to(lm.device))
-            rows = torch.tensor([row for _, _, row, a, b in reqs for _ in range(a, b)], device=logits.device)
-            pos = torch.tensor([p for *_, a, b in reqs for p in range(a, b)], device=logits.device)
-            per_exit = []
-            for l in exits:
-                if l is None or l == len(hidden) - 1:
-                    per_exit.append([_score(logits[row, a:b], cont) for _, cont, row, a, b in reqs])
-                else:
-                    lens = readout(lm.model, hidden[l][rows, pos]).split([b - a for *_, a, b in reqs])
-                    per_exit.append([_score(lg, cont) for lg, (_, cont, *_) in zip(lens, reqs)])
-            for k, (i, *_) in enumerate(reqs):
-                results[i] = [scores[k] for scores in per_exit]
-        bar.update(len(reqs))
-    bar.close()
+    with Progress(total=len(encoded), desc=desc, unit="request", enabled=progress) as bar:   # lines in a log too
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            tokens = pad_sequence([torch.tensor(x) for x in chunk], batch_first=True)        # right-padded with 0
+            reqs = [(i, cont, row, len(x) - len(cont), len(x)) for row, x in enumerate(chunk) for i, cont in inputs[x]]
+            if exits is None:
+                logits = lm.logits(tokens)
+                for i, cont, row, a, b in reqs:
+                    results[i] = _score(logits[row, a:b], cont)
+            else:
+                logits, hidden, _ = forward_streams(lm.model, tokens.to(lm.device))
+                rows = torch.tensor([row for _, _, row, a, b in reqs for _ in range(a, b)], device=logits.device)
+                pos = torch.tensor([p for *_, a, b in reqs for p in range(a, b)], device=logits.device)
+                per_exit = []
+                for l in exits:
+                    if l is None or l == len(hidden) - 1:
+                        per_exit.append([_score(logits[row, a:b], cont) for _, cont, row, a, b in reqs])
+                    else:
+                        lens = readout(lm.model, hidden[l][rows, pos]).split([b - a for *_, a, b in reqs])
+                        per_exit.append([_score(lg, cont) for lg, (_, cont, *_) in zip(lens, reqs)])
+                for k, (i, *_) in enumerate(reqs):
+                    results[i] = [scores[k] for scores in per_exit]
+            bar.update(len(reqs))
     return results
 
 

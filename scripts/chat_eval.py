@@ -223,13 +223,15 @@ def summarize(records, model_id, benchmarks):
 
 
 def paired_comparison(records, model_a, model_b, benchmarks, n_boot=10000, seed=0):
-    """B - A per benchmark and on the average of the benchmark means (method: docs/finetuning.md, "Report")."""
+    """B - A per benchmark and on the average of the benchmark means (method: docs/finetuning.md, "Report"). The
+    resampling runs over the questions in a canonical order (question id, then turn), not the order in which the
+    records were cached, so the same judgments give the same report however they were made or resumed."""
     rng = np.random.default_rng(seed)
     strata = {}
     for bench in benchmarks:
         score = {(r["model"], r["question_id"], r["turn"]): r["score"] for r in records if r["benchmark"] == bench}
         per_q = {}
-        for (m, qid, turn), a in score.items():
+        for (m, qid, turn), a in sorted(score.items(), key=lambda item: tuple(map(str, item[0]))):
             b = score.get((model_b, qid, turn), -1)
             if m == model_a and a >= 0 and b >= 0:
                 d = per_q.setdefault(qid, [0.0, 0])

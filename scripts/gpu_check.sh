@@ -13,7 +13,7 @@
 #   4. bench.py --memory_probe, 170M: peak memory beside the estimate, the full-logits loss vs the chunked one;
 #   5. bench.py --memory_probe, 3.4B: one micro-batch forward + backward (eager; 4 x 2048, 2 x 2048 under 100 GiB).
 #
-#   bash scripts/gpu_check.sh              OUT=DIR (default /tmp/jreg_gpu_check)  WORK=DIR (default /tmp/jreg_gpu_work)
+#   bash scripts/gpu_check.sh              OUT=DIR (default out/gpu_check)  WORK=DIR (default out/gpu_check_work)
 #   STEPS="1 2" bash scripts/gpu_check.sh  some of the steps (default: 1 2 3 4 5; step 0 always runs)
 #   HF=1 bash scripts/gpu_check.sh         step 3 also times transformers' LlamaForCausalLM (off: more cold compiles)
 #   DRY_RUN=1 bash scripts/gpu_check.sh    the whole script on a CPU, same commands, small sizes: 2 processes on gloo,
@@ -25,7 +25,10 @@
 # $OUT/estimate.txt. $WORK holds the shards and the run folders; each run folder (checkpoints: tens of GB on the GPU
 # sizes; only the newest is kept) is removed when its step is done. Exit status: 0 when every step ran and passed.
 set -uo pipefail
-OUT=$(realpath -m "${OUT:-/tmp/jreg_gpu_check}"); WORK=$(realpath -m "${WORK:-/tmp/jreg_gpu_work}")  # before the cd
+# The defaults lie in the repository's out/, which git ignores and no other user of the machine shares; OUT and WORK
+# given relative are taken from where the script was called, so they are resolved before the cd.
+REPO=$(dirname "$0")/..
+OUT=$(realpath -m "${OUT:-$REPO/out/gpu_check}"); WORK=$(realpath -m "${WORK:-$REPO/out/gpu_check_work}")
 cd "$(dirname "$0")/.."                              # the repository: train.py, configs/, scripts/bench.py
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # scripts/bench.py imports the core modules from here
 STEP_S=${STEP_S:-240}; STEPS=${STEPS:-1 2 3 4 5}

@@ -55,17 +55,16 @@ def test_pages_using_the_reproductions_runs_give_the_quick_start_override_at_the
 
 def test_no_command_writes_to_a_fixed_path_under_tmp():
     """Two users of one machine would write over each other's /tmp/plots, /tmp/smol/hf, /tmp/sharegpt.jsonl, ...
-    (Before: 40-odd such paths in docs/ and the defaults of scripts/gpu_check.sh.) The replacements lie in folders of
+    (Before: 36 lines of docs/ and scripts/gpu_check.sh named such paths.) The replacements lie in folders of
     the repository that git ignores."""
     files = ["README.md", "quickstart.sh"] + [os.path.relpath(p, ROOT) for pattern in (
         "docs/*.md", "scripts/*", "configs/*.py", "results/*.py", "results/*/*.py") for p in glob.glob(
         os.path.join(ROOT, pattern)) if os.path.isfile(p)]
     found = [f"{f}: {line.strip()}" for f in files for line in read(f).splitlines()
-             if re.search(r"(?<![\w<>.])/tmp\b", line)]
+             if re.search(r"(?<![\w<>.])/tmp/\w", line)]
     assert not found, "\n".join(found)
     used = ["out/plots/psi_profiles.png", "data/kjv_genesis.txt", "data/sharegpt.jsonl",
             "hf/smollm2-135m-instruct/config.json", "out/gpu_check/summary.md", "out/gpu_check_work/x"]
-    assert subprocess.run(["git", "check-ignore", "-q", *used], cwd=ROOT).returncode == 0
     assert all(subprocess.run(["git", "check-ignore", "-q", p], cwd=ROOT).returncode == 0 for p in used)
 
 

@@ -1,0 +1,59 @@
+"""Every results number the README and docs quote sits in a block that results/collect.py writes from committed files:
+these tests fail when a block no longer equals what the files give, and check the statistics it quotes."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
+sys.path.insert(0, os.path.join(HERE, "results"))
+import collect  # noqa: E402
+
+
+def test_every_quoted_results_block_equals_its_files():
+    r = subprocess.run([sys.executable, "results/collect.py", "--check"], cwd=HERE, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_readme_quotes_the_seed_study_and_the_check_sees_a_changed_number(tmp_path):
+    generated, _ = collect.blocks()
+    readme = open(os.path.join(HERE, "README.md")).read()
+    for name in ("kjv-seeds", "kjv-finding", "retrofit-finding", "smollm2-finding"):
+        assert f"<!-- results/collect.py: {name} -->\n{generated[name]}\n<!-- end -->" in readme
+    stale = []
+    edited = readme.replace(generated["kjv-seeds"], generated["kjv-seeds"].replace("±", "+/-", 1))
+    assert collect.rewrite(edited, generated, "README.md", stale) == readme and stale == ["README.md: kjv-seeds"]
+
+
+def test_intervals_by_hand():
+    """mean ± sd with n − 1; the 95% t interval with t(0.975, n − 1): 2.776 for 5 values."""
+    mean, sd = collect.mean_sd([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert mean == 3.0 and sd == pytest.approx(1.5811388, abs=1e-7)
+    m, low, high = collect.t_interval([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert (low, high) == pytest.approx((3 - 2.776 * 1.5811388 / 5 ** 0.5, 3 + 2.776 * 1.5811388 / 5 ** 0.5))
+    assert collect.t_interval([-0.02, 0.01, -0.01, 0.0, 0.005])[1] < 0 < collect.t_interval([-0.02, 0.01])[2]
+
+
+def test_the_seed_study_has_five_seeds_of_each_condition():
+    runs = collect.seed_runs()
+    assert {c: sorted(r) for c, r in runs.items()} == {c: sorted([1337, 1, 2, 3, 4]) for c in collect.CONDITIONS}
+    for by_seed in runs.values():
+        for seed, run in by_seed.items():
+            assert run["config"]["seed"] == seed and run["config"]["max_steps"] == 300
+            assert run["evals"][-1]["step"] == 300 and run["profile"]["n_tokens"] == 32768
+
+
+def test_the_paired_comparison_of_the_same_judgments_is_the_same_in_any_order():
+    """(Before: the bootstrap followed the order in which parallel judge requests happened to finish, so the same
+    cached judgments gave p = 0.743 in one run and 0.731 after a resume.)"""
+    import random
+    from scripts import chat_eval
+    rng = random.Random(0)
+    records = [{"model": m, "benchmark": b, "question_id": q, "turn": t, "score": rng.randint(1, 10)}
+               for m in ("a", "b") for b in ("mt_bench", "vicuna") for q in range(1, 21) for t in (1, 2)]
+    report = chat_eval.paired_comparison(records, "a", "b", ["mt_bench", "vicuna"], n_boot=2000)
+    for shuffle_seed in range(3):
+        shuffled = records[:]
+        random.Random(shuffle_seed).shuffle(shuffled)
+        assert chat_eval.paired_comparison(shuffled, "a", "b", ["mt_bench", "vicuna"], n_boot=2000) == report
