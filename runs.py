@@ -33,6 +33,7 @@ import torch.distributed as dist
 from config import BEFORE, RESUMABLE, fail, model_config
 from data import (HFTokenizer, get_tokenizer, lock_file, one_line, same_tokenizer, tokenizer_fingerprint, tokenizer_tag,
                   write_atomic)
+from lib.progress import timed
 from lib.hf import _hf_kwargs, hf_max_length, hf_name, init_weights_hf, llama_from_hf, load_hf
 from model import Llama, LlamaConfig
 
@@ -272,7 +273,8 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
         model_sd, optim_sd = model.state_dict(), optimizer.state_dict()
     if master and not cfg.sharded_ckpt:
         try:
-            torch.save({"model": model_sd, "optimizer": optim_sd, **meta}, path + ".tmp")
+            with timed(f"writing checkpoint {path}"):              # minutes at the paper's sizes: said in the log
+                torch.save({"model": model_sd, "optimizer": optim_sd, **meta}, path + ".tmp")
         except (OSError, RuntimeError) as e:          # a full disk: torch's stream writer raises a RuntimeError
             with suppress(OSError):
                 os.remove(path + ".tmp")
@@ -302,7 +304,8 @@ def save_sharded(cfg, path, model, optimizer, meta, master):
     model_sd, optim_sd = get_state_dict(model, optimizer)   # DTensor shards under FSDP, the whole under DDP
     state = {"model": model_sd, "optimizer": optim_sd}
     if not cfg.async_ckpt:
-        dcp.save(state, checkpoint_id=tmp, no_dist=not dist.is_initialized())
+        with timed(f"writing checkpoint {path}"):
+            dcp.save(state, checkpoint_id=tmp, no_dist=not dist.is_initialized())
         return publish(tmp, path, cfg)
     if dist.is_initialized() and "gloo" not in ASYNC_GROUP:   # created once, by every rank at the same point
         ASYNC_GROUP["gloo"] = dist.new_group(backend="gloo")

@@ -727,7 +727,7 @@ def test_early_exit_of_a_perplexity_task_is_its_perplexity_per_layer(tmp_path, d
                 "--out", str(out)])
         rows = json.loads(out.read_text())["early_exit"]
         printed = capsys.readouterr().out
-        assert all(f"| {r['results']['wikitext']['word_perplexity']:.2f} |" in printed for r in rows)
+        assert all(f"| {E._num(r['results']['wikitext']['word_perplexity'], '.2f')} |" in printed for r in rows)
         assert "| chance | 0.250 | – | 0.250 | |" in printed and "wikitext: word perplexity" in printed
         ax_acc, ax_ppl = figs["early_exit.png"].axes
         assert ax_acc.get_ylabel() == "average accuracy (1 task)" and ax_ppl.get_ylabel() == "word perplexity"

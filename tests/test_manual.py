@@ -4,7 +4,6 @@ would share, long work shows progress in a log as well as on a terminal, chat_ev
 leaves no lock file after a clean run, and evaluate.py prints huge perplexities readably (CPU, offline, seconds)."""
 import glob
 import io
-import json
 import os
 import re
 import subprocess
