@@ -57,6 +57,13 @@ def data_streams(cfg, vocab_size, n_val, proc):
     return train, split_over_processes(x, y, mask, cfg.micro_batch, proc.rank, proc.world)
 
 
+def step_batches(train_data, seq_index, grad_accum, micro_batch, proc):
+    """This process's micro-batches of the global batch that starts at sequence seq_index: micro-batch m of process r
+    reads from sequence seq_index + (m · world + r) · micro_batch, so any split (1×8, 2×4, 8×1) reads the same batch."""
+    starts = [seq_index + (micro * proc.world + proc.rank) * micro_batch for micro in range(grad_accum)]
+    return [train_data.batch(start, micro_batch) for start in starts]
+
+
 def grad_accum_steps(cfg, world):
     """Micro-steps per optimizer step: batch_tokens = micro_batch · seq_len · world · grad_accum, exactly."""
     seqs, rest = divmod(cfg.batch_tokens, cfg.seq_len)
@@ -88,10 +95,12 @@ def build_model(cfg, mcfg, device, init_sd):
         model.load_state_dict(init_sd)
     if cfg.fsdp:
         shard_fsdp(model, cfg)
-    decay = [p.dim() >= 2 and (cfg.decay_embeddings or p is not model.tok_emb.weight) for p in model.parameters()]
-    groups = [[p for p, d in zip(model.parameters(), decay) if d == on] for on in (True, False)]
-    optimizer = torch.optim.AdamW([{"params": groups[0], "weight_decay": cfg.weight_decay},
-                                   {"params": groups[1], "weight_decay": 0.0}],
+    decay, no_decay = [], []
+    for p in model.parameters():
+        decays = p.dim() >= 2 and (cfg.decay_embeddings or p is not model.tok_emb.weight)
+        (decay if decays else no_decay).append(p)
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}],
                                   lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type in ("cuda", "cpu"))
     return model, optimizer
 
@@ -219,8 +228,7 @@ def main(argv):
         t0, lr = time.time(), lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batches = [train_data.batch(seq_index + (micro * proc.world + proc.rank) * cfg.micro_batch, cfg.micro_batch)
-                   for micro in range(grad_accum)]
+        batches = step_batches(train_data, seq_index, grad_accum, cfg.micro_batch, proc)
         stats = train_step(forward, batches, cfg, device, autocast, set_gradient_sync)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
