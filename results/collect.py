@@ -95,12 +95,12 @@ def paired_table(seeds, values):
 
 
 def run_table(runs):
-    lines = ["| condition | seed | " + " | ".join(METRICS[m][0] for m in METRICS) + " | seconds |",
+    lines = ["| condition | seed | " + " | ".join(METRICS[m][0] for m in METRICS) + " | training s |",
              "|---" * (len(METRICS) + 3) + "|"]
     for c, by_seed in runs.items():
         for seed, run in by_seed.items():
             cells = [fmt(f(run["profile"]), digits) for _, digits, f in METRICS.values()]
-            lines.append(f"| {CONDITIONS[c]} | {seed} | " + " | ".join(cells) + f" | {run['seconds']} |")
+            lines.append(f"| {CONDITIONS[c]} | {seed} | " + " | ".join(cells) + f" | {run['train_seconds']} |")
     return "\n".join(lines)
 
 

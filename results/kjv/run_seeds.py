@@ -36,15 +36,16 @@ def one_run(condition, seed, out_root):
     run("evaluate.py", folder, "--profile", "--out", os.path.join(folder, "profile.json"))
     records = [json.loads(line) for line in open(os.path.join(folder, "log.jsonl"))]
     steps = [r for r in records if "loss" in r]
-    profile = next(iter(json.load(open(os.path.join(folder, "profile.json")))["models"].values()))["profile"]
+    profile = json.load(open(os.path.join(folder, "profile.json")))["profile"]          # evaluate.py, one model
     out = {"run": name, "condition": condition, "seed": seed,
            "config": json.load(open(os.path.join(folder, "config.json")))["config"],
            "evals": [r for r in records if "val_loss" in r], "steps": [r for r in steps if r["step"] % 10 == 0],
-           "last_step": steps[-1], "profile": profile, "seconds": round(time.time() - t0)}
+           "last_step": steps[-1], "profile": profile,
+           "train_seconds": round(sum(r["tokens"] / r["step"] / r["tok_per_s"] for r in steps))}   # its steps' times
     with open(result + ".tmp", "w") as f:
         json.dump(out, f, indent=1)
     os.replace(result + ".tmp", result)
-    print(f"{name}: {out['seconds']} s, val loss {out['evals'][-1]['val_loss']:.4f}, ζ_L {profile['zeta'][-1]:.2f}",
+    print(f"{name}: {out['train_seconds']} s of training ({time.time() - t0:.0f} s here), val loss {out['evals'][-1]['val_loss']:.4f}, ζ_L {profile['zeta'][-1]:.2f}",
           flush=True)
 
 
