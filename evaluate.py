@@ -39,6 +39,7 @@ from lib.tasks import HFModelLM, ModelLM, PAPER_TASKS, TASKS, evaluate_tasks, lo
 # Reports: markdown tables and plots
 
 METRIC_ORDER = ("acc", "acc_norm", "perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte")
+RATES = ("chance", "majority")     # a task's baselines beside its accuracy (tasks.class_rates): the documents', not a model's
 
 
 def _num(v, fmt):
@@ -57,40 +58,48 @@ def _fmt(result, m):
 
 
 def results_table(models):
-    """models: {name: evaluate_tasks output}. One model: a row per task; several: a column per model and Δ."""
+    """models: {name: evaluate_tasks output}. One model: a row per task; several: a column per model and Δ. Each
+    task's chance and majority rates (of the documents scored) stand beside its accuracy: columns, or rows."""
     names = list(models)
     tasks = [t for t in TASKS if any(t in models[n]["results"] for n in names)]
     if len(names) == 1:
-        lines = ["| task | split | n | acc | acc_norm | perplexity |", "|---|---|---|---|---|---|"]
+        lines = ["| task | split | n | acc | acc_norm | perplexity | chance | majority |", "|---" * 8 + "|"]
         for t, r in ((t, models[names[0]]["results"][t]) for t in tasks):
             ppl = (f"word {_num(r['word_perplexity'], '.2f')}, byte {_num(r['byte_perplexity'], '.4f')}, "
                    f"bpb {r['bits_per_byte']:.4f}"
                    if "word_perplexity" in r else _fmt(r, "perplexity"))
-            lines.append(f"| {t} | {r['split']} | {r['n']} | {_fmt(r, 'acc')} | {_fmt(r, 'acc_norm')} | {ppl} |")
+            lines.append(f"| {t} | {r['split']} | {r['n']} | {_fmt(r, 'acc')} | {_fmt(r, 'acc_norm')} | {ppl} | "
+                         + " | ".join(_fmt(r, m) for m in RATES) + " |")
         avg = models[names[0]]["average"]
         if avg["acc"] is not None:
             norm = f"{avg['acc_norm']:.4f} ({avg['n_tasks_acc_norm']} tasks)" if avg["acc_norm"] is not None else "–"
-            lines.append(f"| **average** (acc, {avg['n_tasks']} tasks) | | | {avg['acc']:.4f} | {norm} | |")
+            lines.append(f"| **average** (acc, {avg['n_tasks']} tasks) | | | {avg['acc']:.4f} | {norm} | | "
+                         + " | ".join(_fmt(avg, m) for m in RATES) + " |")
         return "\n".join(lines)
     lines = ["| task | metric | " + " | ".join(names) + f" | Δ ({names[1]} − {names[0]}) |",
              "|---|---|" + "---|" * (len(names) + 1)]
-    for t, m in ((t, m) for t in tasks for m in METRIC_ORDER):
+    for t, m in ((t, m) for t in tasks for m in METRIC_ORDER + RATES):
         res = [models[n]["results"].get(t, {}) for n in names]
-        if any(m in r for r in res):
+        if any(r.get(m) is not None for r in res):
             vals = [r.get(m) for r in res]
-            delta = _num(vals[1] - vals[0], "+.4f") if None not in vals[:2] else "–"
+            delta = _num(vals[1] - vals[0], "+.4f") if None not in vals[:2] and m not in RATES else "–"
             lines.append(f"| {t} | {m} | " + " | ".join(_fmt(r, m) for r in res) + f" | {delta} |")
     for m, count in (("acc", "n_tasks"), ("acc_norm", "n_tasks_acc_norm")):     # the paper's average, and acc_norm's
         avgs, n = [models[name]["average"][m] for name in names], models[names[0]]["average"][count]
         if None not in avgs:
             lines.append(f"| **average** ({n} task{'s' * (n > 1)}) | {m} | " + " | ".join(f"{a:.4f}" for a in avgs)
                          + f" | {avgs[1] - avgs[0]:+.4f} |")
+    for m in RATES:                                       # over the tasks of the acc average
+        avgs, n = [models[name]["average"].get(m) for name in names], models[names[0]]["average"]["n_tasks"]
+        if None not in avgs:
+            lines.append(f"| **average** ({n} task{'s' * (n > 1)}) | {m} | " + " | ".join(f"{a:.4f}" for a in avgs)
+                         + " | – |")
     return "\n".join(lines)
 
 
 def early_exit_table(name, entry):
     """A row per exit layer: acc / acc_norm of each task read out at that layer (a task without acc, wikitext: its
-    word perplexity), and the averages over the tasks with acc; then chance."""
+    word perplexity), and the averages over the tasks with acc; then chance and the majority-class rate."""
     tasks, chance = list(entry["results"]), entry["chance"]
     num = lambda v: "–" if v is None else f"{v:.3f}"                                      # noqa: E731
     ppl = [t for t, r in entry["results"].items() if "acc" not in r]
@@ -103,8 +112,10 @@ def early_exit_table(name, entry):
                  _num(r["word_perplexity"], ".2f") for r in row["results"].values()]
         lines.append(f"| {row['layer']} | " + " | ".join(cells) + f" | {num(row['average']['acc'])} | "
                      f"{num(row['average']['acc_norm'])} |")
-    avg = np.mean(list(chance.values())) if chance else None
-    return "\n".join(lines + ["| chance | " + " | ".join(num(chance.get(t)) for t in tasks) + f" | {num(avg)} | |"])
+    majority = {t: r["majority"] for t, r in entry["results"].items() if r.get("majority") is not None}
+    return "\n".join(lines + [f"| {m} | " + " | ".join(num(rates.get(t)) for t in tasks)
+                               + f" | {num(np.mean(list(rates.values())) if rates else None)} | |"
+                               for m, rates in (("chance", chance), ("majority", majority))])
 
 
 def _layer(values, l, first=1, fmt=".2f"):

@@ -12,7 +12,7 @@ import math
 import os
 import re
 import sys
-from collections import namedtuple
+from collections import Counter, namedtuple
 
 import numpy as np
 import torch
@@ -354,6 +354,21 @@ def mc_metrics(lls, choices, gold):
             "acc_norm": float(np.argmax([ll / len(c) for ll, c in zip(lls, choices)]) == gold)}
 
 
+def class_rates(docs):
+    """(chance, majority) of a task's built documents, the baselines printed beside its accuracy: chance is the mean
+    of 1 / number of choices (the expected acc of a uniform guess; LAMBADA 0), majority the share of the documents
+    whose gold answer is the most frequent gold answer (the acc of always giving that answer: BoolQ's yes or no, a
+    multiple-choice task's gold index, LAMBADA's last word; a gold index out of range is nobody's answer).
+    (None, None) for a perplexity task."""
+    if not docs or docs[0]["context"] is None:
+        return None, None
+    if docs[0]["choices"] is None:                        # LAMBADA: the target word
+        return 0.0, Counter(d["continuations"][0] for d in docs).most_common(1)[0][1] / len(docs)
+    golds = Counter(d["gold"] for d in docs if 0 <= d["gold"] < len(d["choices"]))
+    return (float(np.mean([1 / len(d["choices"]) for d in docs])),
+            (golds.most_common(1)[0][1] if golds else 0) / len(docs))
+
+
 def mean_stderr(values):
     """Mean and sample std (ddof = 1) / sqrt(n), as the harness; stderr is None for n < 2."""
     values = np.asarray(values, dtype=np.float64)
@@ -367,7 +382,8 @@ def evaluate_tasks(lm, tasks, data_dir=None, limit=None, batch_size=16, log_samp
     task_data: {task: TaskData} already loaded (several models share one load); on_task(partial output) is called
     after each task (the command line writes --out there). exits: layers at which the model is read out as well, in
     the same forwards (score_tokens): adds "early_exit": [{"layer", "results", "average"}] and "chance" (the
-    expected acc of a uniform guess per multiple-choice task; LAMBADA 0)."""
+    expected acc of a uniform guess per multiple-choice task; LAMBADA 0). Every task's results hold its "chance" and
+    "majority" rates on the documents scored (class_rates), a perplexity task's none."""
     out = {"results": {}, "average": None, **({"samples": {}} if log_samples else {})}
     if exits:
         out.update(early_exit=[{"layer": l, "results": {}, "average": None} for l in exits], chance={})
@@ -392,7 +408,7 @@ def evaluate_tasks(lm, tasks, data_dir=None, limit=None, batch_size=16, log_samp
             row["results"][task] = {m: v for m, v in result.items() if m not in ("split", "source")}
             row["average"] = average(row["results"])
         if exits and spec.metrics is not ROLLING:
-            out["chance"][task] = float(np.mean([1 / len(d["choices"]) if d["choices"] else 0.0 for d in docs]))
+            out["chance"][task] = out["results"][task]["chance"]
         if on_task:
             on_task(out)
     return out
@@ -411,6 +427,8 @@ def task_metrics(task, data, scores, log_samples=False):
                             for c in doc["continuations"]], "loglikelihoods": lls, "is_greedy": greedy,
                             "gold": doc["gold"], **metrics})
     result = {"n": len(docs), "split": data.split, "source": data.source}
+    if spec.metrics is not ROLLING:                       # the baselines of these documents (class_rates)
+        result["chance"], result["majority"] = class_rates(docs)
     for m in ("acc", "acc_norm"):
         if m in spec.metrics:
             result[m], result[m + "_stderr"] = mean_stderr([r[m] for r in per_doc])
@@ -425,8 +443,13 @@ def task_metrics(task, data, scores, log_samples=False):
 
 
 def average(results):
-    """The paper's average: the mean of acc over the tasks reporting it (and of acc_norm likewise)."""
+    """The paper's average: the mean of acc over the tasks reporting it (and of acc_norm likewise); with the tasks'
+    rates, the mean chance and majority rate over the same tasks as acc."""
     accs = [r["acc"] for r in results.values() if "acc" in r]
     norms = [r["acc_norm"] for r in results.values() if "acc_norm" in r]
-    return {"acc": float(np.mean(accs)) if accs else None, "n_tasks": len(accs),
-            "acc_norm": float(np.mean(norms)) if norms else None, "n_tasks_acc_norm": len(norms)}
+    out = {"acc": float(np.mean(accs)) if accs else None, "n_tasks": len(accs),
+           "acc_norm": float(np.mean(norms)) if norms else None, "n_tasks_acc_norm": len(norms)}
+    for m in ("chance", "majority"):
+        if accs and all(r.get(m) is not None for r in results.values() if "acc" in r):
+            out[m] = float(np.mean([r[m] for r in results.values() if "acc" in r]))
+    return out

@@ -750,6 +750,52 @@ def test_cli_single_model_schema(tmp_path, data_dir):
     assert res["average"]["n_tasks"] == 2
 
 
+def test_chance_and_majority_rates_of_the_evaluated_documents(tmp_path, capsys):
+    """Beside each task's accuracy: chance (the mean of 1 / number of choices) and the majority-class rate (the share
+    of the evaluated documents whose gold answer is the most frequent one: BoolQ's yes/no, a multiple-choice task's
+    gold index, LAMBADA's last word), both from the documents actually scored, so they follow --limit. (Before: no
+    majority rate anywhere, and chance only with --exit_layers; BoolQ's 0.37 of a small model read as "below chance"
+    where always answering "no" scores 0.38.)"""
+    d = tmp_path / "tasks"
+    d.mkdir()
+    yes, no = DOCS["boolq"]
+    write_jsonl(d / "boolq.jsonl", [yes, yes, no, yes, no])                  # labels 1 1 0 1 0: "yes" 3 of 5
+    four, three = DOCS["arc_easy"]                                           # gold 1 of 4 choices, gold 0 of 3
+    write_jsonl(d / "arc_easy.jsonl", [four, three, {**four, "id": "x3"}])   # gold indices 1, 0, 1
+    write_jsonl(d / "lambada_openai.jsonl", [{"text": "I drank the tea"}, {"text": "I saw a bird"},
+                                             {"text": "She poured the tea"}])  # last words tea, bird, tea
+    run, out = save_run(str(tmp_path / "run"), steps=(1,)), tmp_path / "r.json"
+    E.main([run, "--tasks", "boolq,arc_easy,lambada_openai", "--data_dir", str(d), "--out", str(out)])
+    res = json.loads(out.read_text())
+    r = res["results"]
+    assert (r["boolq"]["chance"], r["boolq"]["majority"]) == (0.5, pytest.approx(3 / 5))
+    assert r["arc_easy"]["chance"] == pytest.approx((1 / 4 + 1 / 3 + 1 / 4) / 3)
+    assert r["arc_easy"]["majority"] == pytest.approx(2 / 3)
+    assert (r["lambada_openai"]["chance"], r["lambada_openai"]["majority"]) == (0.0, pytest.approx(2 / 3))
+    assert res["average"]["chance"] == pytest.approx(np.mean([r[t]["chance"] for t in r]))
+    assert res["average"]["majority"] == pytest.approx(np.mean([r[t]["majority"] for t in r]))
+    printed = capsys.readouterr().out
+    assert "| task | split | n | acc | acc_norm | perplexity | chance | majority |" in printed
+    assert re.search(r"\| boolq \| validation \| 5 \| [^|]+ \| – \| – \| 0\.5000 \| 0\.6000 \|", printed)
+    assert re.search(r"\| arc_easy \| .* \| 0\.2778 \| 0\.6667 \|", printed)
+
+    # --limit 2: the rates of the two documents scored (boolq: yes, yes; arc_easy: gold 1, then 0, a tie)
+    two = [run, save_run(str(tmp_path / "other"), steps=(1,), seed=4)]
+    E.main(two + ["--tasks", "boolq,arc_easy", "--data_dir", str(d), "--limit", "2", "--out", str(out),
+                  "--exit_layers", "0,3"])
+    models = json.loads(out.read_text())["models"]
+    for name in ("run", "other"):
+        assert models[name]["results"]["boolq"]["majority"] == 1.0
+        assert models[name]["results"]["arc_easy"]["majority"] == 0.5
+        assert models[name]["results"]["arc_easy"]["chance"] == pytest.approx((1 / 4 + 1 / 3) / 2)
+    printed = capsys.readouterr().out
+    assert "| boolq | chance | 0.5000 | 0.5000 | – |" in printed
+    assert "| boolq | majority | 1.0000 | 1.0000 | – |" in printed
+    assert "| arc_easy | majority | 0.5000 | 0.5000 | – |" in printed
+    assert "| chance | 0.500 | 0.292 | 0.396 | |" in printed                  # the early-exit table: both rates
+    assert "| majority | 1.000 | 0.500 | 0.750 | |" in printed
+
+
 def test_profile_of_a_run_reads_train_val_windows(tmp_path, monkeypatch):
     """By default a run is profiled on D.val_windows of its data_dir: the windows of train.py's own eval."""
     run = save_run(str(tmp_path / "run"), steps=(5,), data_dir="DATA")
@@ -860,6 +906,25 @@ def test_oracle_lm_evaluation_harness(tmp_path, data_dir, which):
                 if m in metrics:
                     assert s[m] == pytest.approx(float(metrics[m])), (task, m)  # the same per-document metrics
             k += n
+
+
+def test_harness_check_of_a_byte_level_run(tmp_path, data_dir, capsys):
+    """scripts/harness_check.py: the harness's YAML and HFLM on the documents of an evaluate.py report of a byte-level
+    run give the same prompts, log-likelihoods and acc; its byte tokenizer has data's "bytes" ids."""
+    from scripts import harness_check
+    hf, enc = harness_check.byte_tokenizer(), D.get_tokenizer("bytes")
+    for text in (D.PROBE, "Answer: yes\n\n", "a<|endoftext|>b é"):
+        assert hf.encode(text) == enc.encode(text, allowed_special="all")
+    run, report, out = save_run(str(tmp_path / "run"), steps=(1,)), tmp_path / "r.json", tmp_path / "h.json"
+    E.main([run, "--tasks", "boolq,arc_easy,lambada_openai", "--data_dir", data_dir, "--log_samples",
+            "--out", str(report)])
+    harness_check.main([str(report), "--out", str(out), "--batch_size", "3"])
+    res = json.loads(out.read_text())["tasks"]
+    assert set(res) == {"boolq", "arc_easy", "lambada_openai"}
+    for r in res.values():
+        assert r["prompts_identical"] and r["acc_identical"] and r["max_abs_ll_difference"] <= 1e-4
+    assert res["boolq"]["gold_share"] == {"no": 0.5, "yes": 0.5} and sum(res["boolq"]["preferred_share"].values()) == 1
+    assert "boolq (" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------------------------------------------
