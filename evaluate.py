@@ -26,8 +26,8 @@ import torch
 from lib.conversations import PackedStream, is_conversations
 from data import val_windows, write_atomic
 from lib.profiles import (
-    _zeta_l, blocks_and_norm, context_windows, plot_profiles, profile_model, profile_target, shards_tokenizer,
-    text_documents, text_windows)
+    _zeta_l, blocks_and_norm, context_windows, plot_profiles, profile_model, profile_target, report_figures,
+    shards_tokenizer, text_documents, text_windows)
 from lib.hf import check_hf_source, load_hf
 from runs import (
     check_device, check_writable, checkpoint_path, int_at_least, list_checkpoints, load_checkpoint, load_run,
@@ -345,14 +345,10 @@ def main(argv=None):
     exits = {name: e for name, e in report.items() if "early_exit" in e}
     for name, e in exits.items():
         print("\n" + early_exit_table(name, e))
-    profiles = {}                                          # a fine-tuning run's profile: all tokens, then its answers
-    for name, p in ((name, e["profile"]) for name, e in report.items() if "profile" in e):
-        profiles.update({name: p, **({f"{name} (assistant)": {**p["assistant"], "seq_len": p["seq_len"]}}
-                                     if "assistant" in p else {})})
+    profiles, series, _ = report_figures(report)           # a fine-tuning run's profile: all tokens, then its answers
     if profiles:
         print(profile_table(profiles))
     if args.plot:
-        series = {name: e["profile_checkpoints"] for name, e in report.items() if "profile_checkpoints" in e}
         for path in plot_profiles(profiles, args.plot, series, exits):
             print(f"wrote {path}")
 

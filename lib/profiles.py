@@ -243,10 +243,23 @@ def _zeta_l(p, key="zeta"):
     return p[key][-1] if p[key] else float("nan")
 
 
+ASSISTANT = " (assistant)"      # evaluate.py's name for a fine-tuning run's profile on the assistant's tokens only
+
+
+def _family(name, names):
+    """The model whose colour a profile takes: `NAME (assistant)` and `NAME_seedN` (another seed of a plotted NAME)
+    are NAME's."""
+    import re
+    name = name.removesuffix(ASSISTANT)
+    m = re.fullmatch(r"(.+)_seed\d+", name)
+    return m.group(1) if m and m.group(1) in names else name
+
+
 def _styles(plt, names, series):
     """{name: (legend label, line style, panel)} and {model or run: colour}: a series' checkpoints (NAME@STEP) share
     one panel, coloured by step on one scale for all series; other models a colour each, one panel per depth;
-    `NAME (assistant)` dashed in NAME's colour. An absolute path is shown by its last part."""
+    `NAME (assistant)` dashed and `NAME_seedN` dash-dotted with square markers, in NAME's colour. An absolute path is
+    shown by its last part."""
     import re
     steps = {}
     for run, points in (series or {}).items():
@@ -254,17 +267,23 @@ def _styles(plt, names, series):
             m = re.fullmatch(re.escape(run) + r"@.*?(\d+)", name)
             if m and int(m.group(1)) in {pt["step"] for pt in points}:
                 steps[name] = (run, int(m.group(1)))
-    bases = list(dict.fromkeys([n.removesuffix(" (assistant)") for n in names if n not in steps] + list(series or {})))
+    plain = list(dict.fromkeys([n.removesuffix(ASSISTANT) for n in names if n not in steps] + list(series or {})))
+    bases = list(dict.fromkeys(_family(n, plain) for n in plain))
     n = len(bases)
-    colour = dict(zip(bases, plt.get_cmap("tab10" if n <= 10 else "tab20")(range(n)) if n <= 20 else
-                      plt.get_cmap("turbo")(np.linspace(0, 1, n))))
+    colours = dict(zip(bases, plt.get_cmap("tab10" if n <= 10 else "tab20")(range(n)) if n <= 20 else
+                       plt.get_cmap("turbo")(np.linspace(0, 1, n))))
+    colour = {name: colours[_family(name, plain)] for name in plain}
     lo, hi = np.log1p([min(s for _, s in steps.values()), max(s for _, s in steps.values())]) if steps else (0, 1)
     by_step = plt.get_cmap("viridis")
-    styles = {name: (f"step {step}", {"color": by_step(0.9 * (np.log1p(step) - lo) / ((hi - lo) or 1)), "ls": "-"},
-                     f"{_short(run)}, checkpoints") for name, (run, step) in steps.items()}
-    styles.update({name: (_short(name), {"color": colour[name.removesuffix(" (assistant)")],
-                                         "ls": "--" if name.endswith(" (assistant)") else "-"}, None)
-                   for name in names if name not in steps})
+    styles = {name: (f"step {step}", {"color": by_step(0.9 * (np.log1p(step) - lo) / ((hi - lo) or 1)), "ls": "-",
+                                      "marker": "o"}, f"{_short(run)}, checkpoints")
+              for name, (run, step) in steps.items()}
+    for name in names:
+        if name not in steps:
+            seed = _family(name, plain) != name.removesuffix(ASSISTANT)
+            styles[name] = (_short(name), {"color": colour[name.removesuffix(ASSISTANT)],
+                                           "ls": "--" if name.endswith(ASSISTANT) else "-." if seed else "-",
+                                           "marker": "s" if seed else "o"}, None)
     return styles, colour
 
 
@@ -273,52 +292,90 @@ def _short(name):
 
 
 def _y_scale(ax, values):
-    """Log y (ticks 1, 2, 5 × 10^k, plain numbers) where the values span over a decade, symlog where some are ≤ 0
-    as well, else linear."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, SymmetricalLogLocator
+    """Log y (ticks 1, 2, 5 × 10^k, plain numbers) where the values are all positive and span over a decade, else
+    linear (a value ≤ 0 keeps the axis linear, so that its sign reads at a glance)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     v = np.asarray(values, dtype=float)
-    v, pos = v[np.isfinite(v)], v[np.isfinite(v) & (v > 0)]
-    if not len(pos) or pos.max() < 10 * pos.min() and v.min() > 0:
+    v = v[np.isfinite(v)]
+    if not len(v) or v.min() <= 0 or v.max() < 10 * v.min():
         return
-    decades = np.log10(np.abs(v[v != 0]).max() / np.abs(v[v != 0]).min())
-    subs = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)
-    if v.min() > 0:
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(subs=subs))
-    else:
-        thresh = 10 ** np.floor(np.log10(max(np.abs(v[v != 0]).min(), np.abs(v).max() * 1e-3)))
-        ax.set_yscale("symlog", linthresh=thresh, linscale=0.3)
-        ax.yaxis.set_major_locator(SymmetricalLogLocator(linthresh=thresh, base=10, subs=subs))
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0) if np.log10(v.max() / v.min()) <= 2.5 else (1.0,)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
+def _off_scale(ax, first, rest, what, x):
+    """Where every model's first value (Ψ_1, the first block's skip) is over 2.5 × all the others, a linear axis fitted
+    to the others, the first said in words at the top (x: where the text starts, in data units)."""
+    first, rest = np.asarray(first, dtype=float), np.asarray(rest, dtype=float)
+    if not len(rest) or rest.max() <= 0 or first.min() <= 2.5 * rest.max():
+        return False
+    lo, hi = min(rest.min(), 0.0), rest.max()
+    ax.set_ylim(lo - 0.06 * (hi - lo), hi + 0.12 * (hi - lo))
+    values = f"{first.min():.2f}" if np.isclose(first.min(), first.max(), rtol=0, atol=5e-3) else \
+        f"{first.min():.2f} to {first.max():.2f}"
+    ax.text(x, 0.97, f"{what} = {values}, above the axis", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
+    return True
+
+
+def _psi_lines(ax, profiles, styles, names, first=1, dodge=0.0, labelled=True):
+    """Ψ_l on the raw stream from layer `first` on, and Ψ_L on the final-normed h_L as an open circle; the i-th model
+    moved right by dodge × (i − centre), so that equal values stand side by side instead of on top of each other."""
+    for i, n in enumerate(names):
+        (label, style, panel), p = styles[n], profiles[n]
+        if labelled and p["zeta"] and not panel:            # a series' ζ: zeta_over_checkpoints.png
+            label += rf" ($\zeta_L$ {_zeta_l(p):.2f}, normed {_zeta_l(p, 'zeta_normed'):.2f})"
+        x = np.arange(first, p["n_layer"] + 1) + dodge * (i - (len(names) - 1) / 2)
+        ax.plot(x, p["psi"][first - 1:], ms=3, label=label if labelled else "_zoom", **style)
+        ax.plot(x[-1:], p["psi_normed"][-1:], marker="o", ms=7, mfc="none", ls="", color=style["color"])
+
+
+ZOOM_DEPTH = 12         # a panel of two or more models this deep gets a second panel for its last layers
+
+
 def _psi_figure(plt, profiles, styles):
-    """Ψ_l on the raw residual stream, Ψ_L on the final-normed h_L as an open circle, one panel per depth or series;
-    Ψ without the first token dotted where it differs visibly (over 1% of the panel's range), else the gap is said."""
-    panels = {}
+    """Ψ_l on the raw residual stream, Ψ_L on the final-normed h_L as an open circle, one panel per depth or series
+    (a fine-tuning run's assistant-token profiles in a panel of their own); Ψ without the first token dotted where it
+    differs visibly (over 1% of the panel's range), else the gap is said; Ψ_1 above the axis, said in words, where it
+    would flatten the other layers; deep models' last layers again in a panel of their own, side by side."""
+    import textwrap
+    panels, split = {}, any(n.endswith(ASSISTANT) for n in profiles)
     for name, p in profiles.items():
-        panels.setdefault(styles[name][2] or f"models of {p['n_layer']} layers", []).append(name)
-    panels = {f"{styles[names[0]][0]} ({profiles[names[0]]['n_layer']} layers)" if len(names) == 1 and
-              title.startswith("models of") else title: names for title, names in panels.items()}
-    cols, rows = min(len(panels), 3), -(-len(panels) // 3)
-    fig = plt.figure(layout="constrained", figsize=(4.6 * cols + 2.6, 3.6 * rows))
+        tokens = (": assistant tokens" if name.endswith(ASSISTANT) else ": all tokens") if split else ""
+        panels.setdefault(styles[name][2] or f"models of {p['n_layer']} layers{tokens}", []).append(name)
+    shown = []
+    for title, names in panels.items():
+        L = profiles[names[0]]["n_layer"]
+        if len(names) == 1 and title.startswith("models of"):
+            title = f"{styles[names[0]][0]} ({L} layers)"
+        shown.append(("\n".join(textwrap.wrap(title, 40)), names, 1))
+        if len(names) >= 2 and L >= ZOOM_DEPTH and all(profiles[n]["n_layer"] == L for n in names):
+            k = max(4, L // 5)
+            shown.append(("\n".join(textwrap.wrap(f"{title}: layers {L - k + 1}–{L}", 40)), names, L - k + 1))
+    cols, rows = min(len(shown), 3), -(-len(shown) // 3)
+    fig = plt.figure(layout="constrained", figsize=(4.6 * cols + 0.4, 3.6 * rows))
     axes, dotted, hidden = np.ravel(fig.subplots(rows, cols, squeeze=False)), False, []
-    for ax, (title, names) in zip(axes, panels.items()):
+    for ax, (title, names, first) in zip(axes, shown):
+        ax.set(title=title, xlabel=r"layer $\ell$", ylabel=r"$\Psi_\ell = (1 - \cos(h_{\ell-1}, h_\ell))\,/\,2$")
+        if first > 1:                                     # the last layers, the models side by side
+            _psi_lines(ax, profiles, styles, names, first, dodge=min(0.12, 0.6 / len(names)), labelled=False)
+            ax.set_ylim(bottom=0)
+            continue
+        _psi_lines(ax, profiles, styles, names)
         span = np.ptp([v for n in names for v in profiles[n]["psi"] + profiles[n]["psi_normed"][-1:]]) or 1
         for n in names:
-            (label, style, panel), p, layers = styles[n], profiles[n], range(1, profiles[n]["n_layer"] + 1)
-            if p["zeta"] and not panel:                   # a series' ζ: zeta_over_checkpoints.png
-                label += rf" ($\zeta_L$ {_zeta_l(p):.2f}, normed {_zeta_l(p, 'zeta_normed'):.2f})"
-            ax.plot(layers, p["psi"], marker="o", ms=3, label=label, **style)
-            ax.plot(layers[-1:], p["psi_normed"][-1:], marker="o", ms=7, mfc="none", ls="", color=style["color"])
+            p, layers = profiles[n], range(1, profiles[n]["n_layer"] + 1)
             gap = np.abs(np.subtract(p["psi"], p["psi_skip_first"])).max() if "psi_skip_first" in p else np.nan
             if gap > 0.01 * span:
-                dotted = ax.plot(layers, p["psi_skip_first"], ls=":", lw=1, color=style["color"])
+                dotted = ax.plot(layers, p["psi_skip_first"], ls=":", lw=1, color=styles[n][1]["color"])
             elif gap >= 0:
                 hidden.append(gap)
-        ax.set(title=title, xlabel=r"layer $\ell$", ylabel=r"$\Psi_\ell = (1 - \cos(h_{\ell-1}, h_\ell))\,/\,2$")
-    for ax in axes[len(panels):]:
+        rest = [v for n in names for v in profiles[n]["psi"][1:] + profiles[n].get("psi_skip_first", [])[1:]]
+        rest += [profiles[n]["psi_normed"][-1] for n in names if profiles[n]["n_layer"] > 1]
+        _off_scale(ax, [profiles[n][k][0] for n in names for k in ("psi", "psi_skip_first") if k in profiles[n]],
+                   rest, r"$\Psi_1$", 2.1)
+    for ax in axes[len(shown):]:
         fig.delaxes(ax)
     axes[0].plot([], [], marker="o", ms=7, mfc="none", ls="", color="gray", label=r"$\Psi_L$ on the final-normed $h_L$")
     if dotted:
@@ -331,75 +388,161 @@ def _psi_figure(plt, profiles, styles):
 def _curves(ax, profiles, styles, key, first=0, **labels):
     """Each profile's p[key] against the layer, from layer `first` on, on a readable y scale."""
     for name, p in profiles.items():
-        ax.plot(range(first, first + len(p[key])), p[key], marker="o", ms=3, label=styles[name][0], **styles[name][1])
+        ax.plot(range(first, first + len(p[key])), p[key], ms=3, label=styles[name][0], **styles[name][1])
     _y_scale(ax, [v for p in profiles.values() for v in p[key]])
     ax.set(**labels)
 
 
+def _skip_panel(ax, analysed, styles):
+    """The loss increase when block ℓ is skipped: log where all are positive over a decade, else linear with the zero
+    line, a first block that dwarfs the rest above the axis (in words), and the values below 0 (skipping the block
+    lowers the loss) labelled, the three lowest."""
+    key = "skip_block_loss_increase"
+    _curves(ax, analysed, styles, key, 1, xlabel=r"block $\ell$", ylabel="Δ cross-entropy (nats)",
+            title=r"loss increase when block $\ell$ is skipped")
+    if ax.get_yscale() != "linear":
+        return
+    ax.axhline(0, color="gray", lw=0.8)
+    _off_scale(ax, [p[key][0] for p in analysed.values()], [v for p in analysed.values() for v in p[key][1:]],
+               "block 1", 2.1)
+    below = sorted((v, l, n) for n, p in analysed.items() for l, v in enumerate(p[key], 1) if v < 0)
+    for v, l, n in below[:3]:
+        ax.annotate(f"{styles[n][0]}, block {l}: {v:+.4f}", xy=(l, v), xytext=(-6, -10), textcoords="offset points",
+                    ha="right", va="top", fontsize=7, color=styles[n][1]["color"],
+                    arrowprops={"arrowstyle": "-", "color": styles[n][1]["color"], "lw": 0.6})
+    if len(below) > 3:
+        ax.text(0.98, 0.02, f"{len(below)} values below 0", transform=ax.transAxes, ha="right", fontsize=7)
+
+
 EXIT_LAYER = r"exit layer $\ell$ (0 = embedding)"
 LENS = dict(key="logit_lens_loss", title=r"logit lens: loss of head(norm($h_\ell$))",
-            xlabel=r"layer $\ell$ (0 = embedding)", ylabel="cross-entropy")
+            xlabel=r"layer $\ell$ (0 = embedding)", ylabel="cross-entropy (nats)")
 
 
-def plot_profiles(profiles, out_dir, series=None, exits=None):
-    """psi_profiles.png (Ψ per layer, raw and normed h_L), layer_analysis.png (logit lens, skipped blocks); given
-    series {run: profiles of its checkpoints}, zeta_over_checkpoints.png (ζ_L, ζ_(L−2) against the step); given exits
-    {model: evaluate_tasks output with early_exit}, early_exit.png (average accuracy per exit layer over the tasks with
-    acc, a task without (wikitext) by its word perplexity, beside the logit lens loss of the profiled models). One
-    legend per figure, on its right."""
+def _lens_difference(ax, analysed, styles):
+    """Each model's logit-lens loss minus the first model's, layer by layer (a zero line in the first's colour)."""
+    import textwrap
+    key, (ref, *others) = LENS["key"], list(analysed)
+    for name in others:
+        ax.plot(range(len(analysed[name][key])), np.subtract(analysed[name][key], analysed[ref][key]), ms=3,
+                label=styles[name][0], **styles[name][1])
+    ax.axhline(0, color=styles[ref][1]["color"], lw=1.2)
+    ax.set(title="\n".join(textwrap.wrap(f"logit lens: each model's loss minus {styles[ref][0]}'s", 48)),
+           xlabel=LENS["xlabel"], ylabel="Δ cross-entropy (nats)")
+
+
+def _mean_rate(rates, tasks):
+    known = [rates[t] for t in tasks if rates.get(t) is not None]
+    return float(np.mean(known)) if known else None
+
+
+def _early_exit_accuracy(ax, exits, styles):
+    """Average accuracy per exit layer, acc solid and acc_norm dashed (each averaged over its own tasks), with the
+    chance (and, where the results have it, the majority-class) level of each, on an axis from 0."""
+    first = next(iter(exits.values()))
+    results = first["results"]
+    tasks = {"acc": [t for t, r in results.items() if "acc" in r], "acc_norm": [t for t, r in results.items()
+                                                                                 if "acc_norm" in r]}
+    average = first["early_exit"][0]["average"]
+    counts = {"acc": average.get("n_tasks", len(tasks["acc"])),
+              "acc_norm": average.get("n_tasks_acc_norm", len(tasks["acc_norm"]))}
+    drawn = []
+    for name, e in exits.items():
+        layers, avgs = [r["layer"] for r in e["early_exit"]], [r["average"] for r in e["early_exit"]]
+        drawn += [a["acc"] for a in avgs]
+        ax.plot(layers, [a["acc"] for a in avgs], marker="o", ms=3, label=styles[name][0],
+                color=styles[name][1]["color"])
+        if avgs[0].get("acc_norm") is not None:
+            drawn += [a["acc_norm"] for a in avgs]
+            ax.plot(layers, [a["acc_norm"] for a in avgs], ls="--", color=styles[name][1]["color"])
+    norm = any(r["average"].get("acc_norm") is not None for e in exits.values() for r in e["early_exit"])
+    count = lambda metric: f"{counts[metric]} task{'s' * (counts[metric] != 1)}"      # noqa: E731
+    ax.plot([], [], color="gray", label=f"acc ({count('acc')})")
+    if norm:
+        ax.plot([], [], color="gray", ls="--", label=f"acc_norm ({count('acc_norm')})")
+    majority = first.get("majority") or {t: r["majority"] for t, r in results.items() if "majority" in r}
+    for what, rates, colour in (("chance", first.get("chance") or {}, "gray"), ("majority class", majority, "black")):
+        for metric, ls in (("acc", ":"), ("acc_norm", "-.")):
+            level = _mean_rate(rates, tasks[metric]) if metric == "acc" or norm else None
+            if level is not None:
+                drawn.append(level)
+                ax.axhline(level, color=colour, ls=ls, lw=1.2, label=f"{what}, {metric} ({level:.3f})")
+    top = max([v for v in drawn if v is not None and np.isfinite(v)], default=0.5)
+    ax.set_ylim(0, min(1.0, np.ceil(10 * (top + 0.04)) / 10))
+    n = {r.get("n") for r in results.values() if "acc" in r}
+    ax.set(title=r"early exit: tasks scored on head(norm($h_\ell$))", xlabel=EXIT_LAYER,
+           ylabel="average accuracy" + (f" (n = {n.pop()} per task)" if len(n) == 1 and None not in n else ""))
+
+
+FIGURES = ("psi_profiles.png", "layer_analysis.png", "zeta_over_checkpoints.png", "early_exit.png")
+
+
+def plot_profiles(profiles, out_dir, series=None, exits=None, files=None):
+    """psi_profiles.png (Ψ per layer, raw and normed h_L), layer_analysis.png (logit lens, with three or more models
+    its difference from the first's, and skipped blocks); given series {run: profiles of its checkpoints},
+    zeta_over_checkpoints.png (ζ_L, ζ_(L−2) against the step, from 0, raw h_L and, where it differs, the final-normed
+    h_L beside it); given exits {model: evaluate_tasks output with early_exit}, early_exit.png (average accuracy per
+    exit layer over the tasks with acc, with the chance levels of acc and acc_norm, from 0; a task without acc
+    (wikitext) by its word perplexity). One legend per figure, on its right, the panels keeping their width.
+    files: draw only these of FIGURES (default: all that the data allow). Returns the paths written."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
+    want = lambda file: files is None or file in files               # noqa: E731
     styles, colour = _styles(plt, list(profiles) + list(exits or {}), series)
     figures, legend_titles = {}, {}
-    if profiles:
+    if profiles and want("psi_profiles.png"):
         figures["psi_profiles.png"], legend_titles["psi_profiles.png"] = _psi_figure(plt, profiles, styles)
     analysed = {name: p for name, p in profiles.items() if "logit_lens_loss" in p}
-    if analysed:
-        fig = figures["layer_analysis.png"] = plt.figure(layout="constrained", figsize=(12, 4))
-        axes = fig.subplots(1, 2)
-        _curves(axes[0], analysed, styles, **LENS)
-        _curves(axes[1], analysed, styles, "skip_block_loss_increase", 1, xlabel=r"block $\ell$",
-                title=r"loss increase when block $\ell$ is skipped", ylabel="Δ cross-entropy")
-    if series:
-        fig = figures["zeta_over_checkpoints.png"] = plt.figure(layout="constrained", figsize=(8, 4))
-        ax = fig.subplots()
-        for name, points in series.items():
-            steps, c = [pt["step"] for pt in points], colour[name]
-            ax.plot(steps, [_zeta_l(pt) for pt in points], marker="o", color=c, label=f"{_short(name)} $\\zeta_L$")
-            ax.plot(steps, [pt["zeta"][pt["n_layer"] - 4] if pt["n_layer"] >= 4 else np.nan for pt in points],
-                    marker="s", ls="--", color=c, label=f"{_short(name)} $\\zeta_{{L-2}}$")
-        ax.set(xlabel="checkpoint step", ylabel=r"jump rate $\zeta$ (raw $h_L$)",
-               title="the final-layer jump over the checkpoints")
-    if exits:           # average accuracy per exit layer, a task without acc (wikitext) by its word perplexity
-        results, chance = next(iter(exits.values()))["results"], next(iter(exits.values()))["chance"]
-        n_acc, ppl = sum("acc" in r for r in results.values()), [t for t, r in results.items() if "acc" not in r]
-        n_axes = bool(n_acc) + len(ppl) + bool(analysed)
-        fig = figures["early_exit.png"] = plt.figure(layout="constrained", figsize=(0.5 + 5.5 * n_axes, 4))
-        axes = list(np.ravel(fig.subplots(1, n_axes, squeeze=False)))
-        if n_acc:
-            ax = axes.pop(0)
-            for name, e in exits.items():
-                layers, avgs = [r["layer"] for r in e["early_exit"]], [r["average"] for r in e["early_exit"]]
-                ax.plot(layers, [a["acc"] for a in avgs], marker="o", ms=3, label=styles[name][0],
-                        color=styles[name][1]["color"])
-                if avgs[0]["acc_norm"] is not None:
-                    ax.plot(layers, [a["acc_norm"] for a in avgs], ls="--", color=styles[name][1]["color"])
-            ax.plot([], [], color="gray", label="acc")
-            ax.plot([], [], color="gray", ls="--", label="acc_norm")
-            ax.axhline(np.mean(list(chance.values())), color="gray", ls=":", label="chance (average)")
-            ax.set(title=r"early exit: tasks scored on head(norm($h_\ell$))", xlabel=EXIT_LAYER,
-                   ylabel=f"average accuracy ({n_acc} task{'s' * (n_acc > 1)})")
+    if analysed and want("layer_analysis.png"):
+        depth = {len(p[LENS["key"]]) for p in analysed.values()}
+        panels = [lambda ax: _curves(ax, analysed, styles, **LENS)]
+        if len(analysed) >= 3 and len(depth) == 1:
+            panels.append(lambda ax: _lens_difference(ax, analysed, styles))
+        skipped = {name: p for name, p in analysed.items() if p.get("skip_block_loss_increase")}
+        if skipped:
+            panels.append(lambda ax: _skip_panel(ax, skipped, styles))
+        fig = figures["layer_analysis.png"] = plt.figure(layout="constrained", figsize=(5.2 * len(panels) + 0.4, 4))
+        for ax, draw in zip(np.ravel(fig.subplots(1, len(panels), squeeze=False)), panels):
+            draw(ax)
+    if series and want("zeta_over_checkpoints.png"):
+        def zeta(pt, key, back=0):                        # ζ_L (back 0), ζ_(L−2) (back 2)
+            return pt[key][-1 - back] if len(pt.get(key, [])) > back else np.nan
+        both = [(zeta(pt, "zeta", b), zeta(pt, "zeta_normed", b)) for points in series.values() for pt in points
+                for b in (0, 2)]
+        both = np.array([pair for pair in both if np.isfinite(pair).all()]).reshape(-1, 2)
+        gap = float(np.abs(both[:, 1] - both[:, 0]).max()) if len(both) else 0.0
+        conventions = [("zeta", r"raw $h_L$")]
+        if gap > 0.05 * max(float(np.abs(both).max()) if len(both) else 0.0, 1e-9):
+            conventions.append(("zeta_normed", r"final-normed $h_L$"))
+        elif len(both):
+            legend_titles["zeta_over_checkpoints.png"] = f"final-normed $h_L$: within {gap:.2g} of raw, not drawn"
+        fig = figures["zeta_over_checkpoints.png"] = plt.figure(layout="constrained",
+                                                                 figsize=(5.5 * len(conventions) + 0.4, 4))
+        for ax, (key, what) in zip(np.ravel(fig.subplots(1, len(conventions), squeeze=False)), conventions):
+            for name, points in series.items():
+                steps, c = [pt["step"] for pt in points], colour[name]
+                ax.plot(steps, [zeta(pt, key) for pt in points], marker="o", color=c, label=f"{_short(name)} $\\zeta_L$")
+                ax.plot(steps, [zeta(pt, key, 2) for pt in points], marker="s", ls="--", color=c,
+                        label=f"{_short(name)} $\\zeta_{{L-2}}$")
+            ax.set_ylim(bottom=0)
+            ax.set(xlabel="checkpoint step", ylabel=rf"jump rate $\zeta$ ({what})",
+                   title=rf"the final-layer jump over the checkpoints, {what}")
+    if exits and want("early_exit.png"):    # average accuracy per exit layer; a task without acc by its perplexity
+        results = next(iter(exits.values()))["results"]
+        acc, ppl = any("acc" in r for r in results.values()), [t for t, r in results.items() if "acc" not in r]
+        fig = figures["early_exit.png"] = plt.figure(layout="constrained", figsize=(5.5 * (acc + len(ppl)) + 0.4, 4))
+        axes = list(np.ravel(fig.subplots(1, acc + len(ppl), squeeze=False)))
+        if acc:
+            _early_exit_accuracy(axes.pop(0), exits, styles)
         for task in ppl:
             ax = axes.pop(0)
             for name, e in exits.items():
                 ax.plot([r["layer"] for r in e["early_exit"]], [r["results"][task]["word_perplexity"]
-                        for r in e["early_exit"]], marker="o", ms=3, label=styles[name][0], **styles[name][1])
+                        for r in e["early_exit"]], ms=3, label=styles[name][0], **styles[name][1])
             _y_scale(ax, [r["results"][task]["word_perplexity"] for e in exits.values() for r in e["early_exit"]])
             ax.set(title=rf"early exit: {task} on head(norm($h_\ell$))", xlabel=EXIT_LAYER, ylabel="word perplexity")
-        if analysed:
-            _curves(axes.pop(0), analysed, styles, **LENS)
     for file, fig in figures.items():
         handles = {}
         for ax in fig.axes:
@@ -407,8 +550,26 @@ def plot_profiles(profiles, out_dir, series=None, exits=None):
             ax.ticklabel_format(axis="both" if ax.get_yscale() == "linear" else "x", useOffset=False)  # no "+1e1"
             ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
             handles.update({label: h for h, label in zip(*ax.get_legend_handles_labels()) if label not in handles})
-        fig.legend(handles.values(), handles.keys(), loc="outside right upper", fontsize=7,
-                   title=legend_titles.get(file), title_fontsize=7, alignment="left", handlelength=3)
+        legend = fig.legend(handles.values(), handles.keys(), loc="outside right upper", fontsize=7,
+                            title=legend_titles.get(file), title_fontsize=7, alignment="left", handlelength=3)
+        fig.canvas.draw()                                 # the legend's width, added to the panels' (not taken off)
+        fig.set_figwidth(fig.get_figwidth() + legend.get_window_extent().width / fig.dpi + 0.15)
         fig.savefig(os.path.join(out_dir, file), dpi=120)
         plt.close(fig)
     return [os.path.join(out_dir, file) for file in figures]
+
+
+def report_figures(report):
+    """(profiles, series, exits) for plot_profiles from an evaluate.py report {model: its entry} (the `models` of a
+    JSON of several models, or {name: the JSON} of one): a fine-tuning run's profile twice, on all tokens and as
+    `NAME (assistant)` on the assistant's; the checkpoints of the runs that have some; the models with early exit."""
+    profiles = {}
+    for name, e in report.items():
+        if "profile" in e:
+            p = e["profile"]
+            profiles[name] = p
+            if "assistant" in p:
+                profiles[name + ASSISTANT] = {**p["assistant"], **({"seq_len": p["seq_len"]} if "seq_len" in p else {})}
+    series = {name: e["profile_checkpoints"] for name, e in report.items() if e.get("profile_checkpoints")}
+    exits = {name: e for name, e in report.items() if "early_exit" in e}
+    return profiles, series, exits

@@ -132,6 +132,19 @@ def table(results):
     return "\n".join(lines)
 
 
+def figures(results):
+    """(profiles, series) for plot_profiles from the survey's `models` {spec: result}: every profiled model, and the
+    models sharing a name with two or more numbered revisions or steps as a series {name: profiles with "step"}."""
+    done = {spec: r for spec, r in results.items() if "profile" in r}
+    series = {}
+    for spec, r in done.items():
+        if r["step"] is not None:
+            path = parse_model(spec, "run" if "checkpoint" in r.get("source", {}) else "hf")["path"]
+            series.setdefault(path, []).append({**r["profile"], "step": r["step"]})
+    series = {name: sorted(points, key=lambda p: p["step"]) for name, points in series.items() if len(points) > 1}
+    return {spec: r["profile"] for spec, r in done.items()}, series
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip())
     p.error = lambda message: sys.exit(f"error: {message}")
@@ -170,14 +183,8 @@ def main(argv=None):
         save()
     save(complete=True)
     print(table(results))
-    done = {name: r for name, r in results.items() if "profile" in r}
-    if args.plot and done:
-        series = {}
-        for m in models:
-            if m["spec"] in done and done[m["spec"]]["step"] is not None:
-                series.setdefault(m["path"], []).append({**done[m["spec"]]["profile"], "step": done[m["spec"]]["step"]})
-        series = {name: sorted(points, key=lambda p: p["step"]) for name, points in series.items() if len(points) > 1}
-        for path in plot_profiles({name: r["profile"] for name, r in done.items()}, args.plot, series):
+    if args.plot and any("profile" in r for r in results.values()):
+        for path in plot_profiles(*figures(results), args.plot):
             print(f"wrote {path}")
     if failed := [name for name, r in results.items() if "error" in r]:
         raise SystemExit(f"error: {len(failed)} of {len(models)} models could not be surveyed: {', '.join(failed)}")

@@ -984,7 +984,7 @@ def test_init_from_errors_are_one_line_and_latest_is_the_newest_checkpoint(data_
 
 @pytest.mark.parametrize("entry", ["train", "prepare_fineweb", "evaluate", "scripts.prepare_sft", "scripts.chat",
                                    "scripts.chat_eval", "scripts.survey", "scripts.bench", "scripts.export",
-                                   "scripts.offline_tasks"])
+                                   "scripts.offline_tasks", "scripts.harness_check"])
 def test_help_of_every_entry_point(entry, capsys):
     """--help exits 0 and lists the options; train.py's lists every setting of Config with its default."""
     import importlib
