@@ -305,18 +305,17 @@ def _y_scale(ax, values):
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
-def _off_scale(ax, first, rest, what, x):
+def _off_scale(ax, first, rest, what, x, sign=""):
     """Where every model's first value (Ψ_1, the first block's skip) is over 2.5 × all the others, a linear axis fitted
-    to the others, the first said in words at the top (x: where the text starts, in data units)."""
+    to the others (room below 0 where some are negative), the first said in words at the top (x: where the text
+    starts, in data units)."""
     first, rest = np.asarray(first, dtype=float), np.asarray(rest, dtype=float)
     if not len(rest) or rest.max() <= 0 or first.min() <= 2.5 * rest.max():
-        return False
+        return
     lo, hi = min(rest.min(), 0.0), rest.max()
-    ax.set_ylim(lo - 0.06 * (hi - lo), hi + 0.12 * (hi - lo))
-    values = f"{first.min():.2f}" if np.isclose(first.min(), first.max(), rtol=0, atol=5e-3) else \
-        f"{first.min():.2f} to {first.max():.2f}"
-    ax.text(x, 0.97, f"{what} = {values}, above the axis", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
-    return True
+    ax.set_ylim(lo - (0.15 if lo < 0 else 0.05) * (hi - lo), hi + 0.12 * (hi - lo))
+    values = " to ".join(dict.fromkeys(f"{v:{sign}.2f}" for v in (first.min(), first.max())))
+    ax.text(x, 0.97, f"{what}: {values} (above the axis)", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
 
 
 def _psi_lines(ax, profiles, styles, names, first=1, dodge=0.0, labelled=True):
@@ -331,6 +330,17 @@ def _psi_lines(ax, profiles, styles, names, first=1, dodge=0.0, labelled=True):
         ax.plot(x[-1:], p["psi_normed"][-1:], marker="o", ms=7, mfc="none", ls="", color=style["color"])
 
 
+def _wrap(title, width=40):
+    """A title longer than `width` characters on several lines: broken after a colon or before a parenthesis where
+    one is, else between words (a panel's title must not run over its neighbours or the legend)."""
+    import re
+    import textwrap
+    if len(title) <= width:
+        return title
+    parts = [part for part in re.split(r"(?<=:) | (?=\()", title) if part]
+    return "\n".join(line for part in parts for line in textwrap.wrap(part, width, break_on_hyphens=False))
+
+
 ZOOM_DEPTH = 12         # a panel of two or more models this deep gets a second panel for its last layers
 
 
@@ -339,7 +349,6 @@ def _psi_figure(plt, profiles, styles):
     (a fine-tuning run's assistant-token profiles in a panel of their own); Ψ without the first token dotted where it
     differs visibly (over 1% of the panel's range), else the gap is said; Ψ_1 above the axis, said in words, where it
     would flatten the other layers; deep models' last layers again in a panel of their own, side by side."""
-    import textwrap
     panels, split = {}, any(n.endswith(ASSISTANT) for n in profiles)
     for name, p in profiles.items():
         tokens = (": assistant tokens" if name.endswith(ASSISTANT) else ": all tokens") if split else ""
@@ -349,13 +358,13 @@ def _psi_figure(plt, profiles, styles):
         L = profiles[names[0]]["n_layer"]
         if len(names) == 1 and title.startswith("models of"):
             title = f"{styles[names[0]][0]} ({L} layers)"
-        shown.append(("\n".join(textwrap.wrap(title, 40)), names, 1))
+        shown.append((_wrap(title), names, 1))
         if len(names) >= 2 and L >= ZOOM_DEPTH and all(profiles[n]["n_layer"] == L for n in names):
             k = max(4, L // 5)
-            shown.append(("\n".join(textwrap.wrap(f"{title}: layers {L - k + 1}–{L}", 40)), names, L - k + 1))
+            shown.append((_wrap(f"{title}: layers {L - k + 1}–{L}"), names, L - k + 1))
     cols, rows = min(len(shown), 3), -(-len(shown) // 3)
     fig = plt.figure(layout="constrained", figsize=(4.6 * cols + 0.4, 3.6 * rows))
-    axes, dotted, hidden = np.ravel(fig.subplots(rows, cols, squeeze=False)), False, []
+    axes, dotted, hidden, depth = np.ravel(fig.subplots(rows, cols, squeeze=False)), False, [], {}
     for ax, (title, names, first) in zip(axes, shown):
         ax.set(title=title, xlabel=r"layer $\ell$", ylabel=r"$\Psi_\ell = (1 - \cos(h_{\ell-1}, h_\ell))\,/\,2$")
         if first > 1:                                     # the last layers, the models side by side
@@ -371,10 +380,17 @@ def _psi_figure(plt, profiles, styles):
                 dotted = ax.plot(layers, p["psi_skip_first"], ls=":", lw=1, color=styles[n][1]["color"])
             elif gap >= 0:
                 hidden.append(gap)
+        depth.setdefault(profiles[names[0]]["n_layer"], []).append((ax, names))
+    for panels in depth.values():                         # panels of one depth on one y scale, to compare
+        names = [n for _, names in panels for n in names]
         rest = [v for n in names for v in profiles[n]["psi"][1:] + profiles[n].get("psi_skip_first", [])[1:]]
         rest += [profiles[n]["psi_normed"][-1] for n in names if profiles[n]["n_layer"] > 1]
-        _off_scale(ax, [profiles[n][k][0] for n in names for k in ("psi", "psi_skip_first") if k in profiles[n]],
-                   rest, r"$\Psi_1$", 2.1)
+        first = [profiles[n][k][0] for n in names for k in ("psi", "psi_skip_first") if k in profiles[n]]
+        for ax, names in panels:
+            _off_scale(ax, first, rest, r"$\Psi_1$", 2.1)
+        lo, hi = min(ax.get_ylim()[0] for ax, _ in panels), max(ax.get_ylim()[1] for ax, _ in panels)
+        for ax, _ in panels:
+            ax.set_ylim(lo, hi)
     for ax in axes[len(shown):]:
         fig.delaxes(ax)
     axes[0].plot([], [], marker="o", ms=7, mfc="none", ls="", color="gray", label=r"$\Psi_L$ on the final-normed $h_L$")
@@ -404,11 +420,11 @@ def _skip_panel(ax, analysed, styles):
         return
     ax.axhline(0, color="gray", lw=0.8)
     _off_scale(ax, [p[key][0] for p in analysed.values()], [v for p in analysed.values() for v in p[key][1:]],
-               "block 1", 2.1)
+               "block 1", 2.1, sign="+")
     below = sorted((v, l, n) for n, p in analysed.items() for l, v in enumerate(p[key], 1) if v < 0)
     for v, l, n in below[:3]:
-        ax.annotate(f"{styles[n][0]}, block {l}: {v:+.4f}", xy=(l, v), xytext=(-6, -10), textcoords="offset points",
-                    ha="right", va="top", fontsize=7, color=styles[n][1]["color"],
+        ax.annotate(f"skipping block {l} lowers {styles[n][0]}'s loss by {-v:.4f}", xy=(l, v), xytext=(-12, -4),
+                    textcoords="offset points", ha="right", va="top", fontsize=7, color=styles[n][1]["color"],
                     arrowprops={"arrowstyle": "-", "color": styles[n][1]["color"], "lw": 0.6})
     if len(below) > 3:
         ax.text(0.98, 0.02, f"{len(below)} values below 0", transform=ax.transAxes, ha="right", fontsize=7)
@@ -421,13 +437,12 @@ LENS = dict(key="logit_lens_loss", title=r"logit lens: loss of head(norm($h_\ell
 
 def _lens_difference(ax, analysed, styles):
     """Each model's logit-lens loss minus the first model's, layer by layer (a zero line in the first's colour)."""
-    import textwrap
     key, (ref, *others) = LENS["key"], list(analysed)
     for name in others:
         ax.plot(range(len(analysed[name][key])), np.subtract(analysed[name][key], analysed[ref][key]), ms=3,
                 label=styles[name][0], **styles[name][1])
     ax.axhline(0, color=styles[ref][1]["color"], lw=1.2)
-    ax.set(title="\n".join(textwrap.wrap(f"logit lens: each model's loss minus {styles[ref][0]}'s", 48)),
+    ax.set(title=_wrap(f"logit lens: each model's loss minus {styles[ref][0]}'s", 48),
            xlabel=LENS["xlabel"], ylabel="Δ cross-entropy (nats)")
 
 
@@ -490,6 +505,9 @@ def plot_profiles(profiles, out_dir, series=None, exits=None, files=None):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
     want = lambda file: files is None or file in files               # noqa: E731
+    plain = [name.removesuffix(ASSISTANT) for name in profiles]      # another seed of a run beside it, in the legend
+    rank = {f: i for i, f in enumerate(dict.fromkeys(_family(name, plain) for name in profiles))}
+    profiles = dict(sorted(profiles.items(), key=lambda kv: (kv[0].endswith(ASSISTANT), rank[_family(kv[0], plain)])))
     styles, colour = _styles(plt, list(profiles) + list(exits or {}), series)
     figures, legend_titles = {}, {}
     if profiles and want("psi_profiles.png"):
@@ -523,12 +541,13 @@ def plot_profiles(profiles, out_dir, series=None, exits=None, files=None):
         for ax, (key, what) in zip(np.ravel(fig.subplots(1, len(conventions), squeeze=False)), conventions):
             for name, points in series.items():
                 steps, c = [pt["step"] for pt in points], colour[name]
-                ax.plot(steps, [zeta(pt, key) for pt in points], marker="o", color=c, label=f"{_short(name)} $\\zeta_L$")
+                ax.plot(steps, [zeta(pt, key) for pt in points], marker="o", color=c,
+                        label=f"{_short(name)} $\\zeta_L$")
                 ax.plot(steps, [zeta(pt, key, 2) for pt in points], marker="s", ls="--", color=c,
                         label=f"{_short(name)} $\\zeta_{{L-2}}$")
             ax.set_ylim(bottom=0)
             ax.set(xlabel="checkpoint step", ylabel=rf"jump rate $\zeta$ ({what})",
-                   title=rf"the final-layer jump over the checkpoints, {what}")
+                   title=rf"final-layer jump, {what}")
     if exits and want("early_exit.png"):    # average accuracy per exit layer; a task without acc by its perplexity
         results = next(iter(exits.values()))["results"]
         acc, ppl = any("acc" in r for r in results.values()), [t for t, r in results.items() if "acc" not in r]

@@ -38,8 +38,8 @@ from lib.profiles import plot_profiles, report_figures       # noqa: E402
 RESULTS = os.path.join(ROOT, "results")
 
 
-def load(path):
-    with open(os.path.join(RESULTS, path), encoding="utf-8") as f:
+def load(path, folder=RESULTS):
+    with open(os.path.join(folder, path), encoding="utf-8") as f:
         return json.load(f)
 
 
@@ -50,7 +50,8 @@ def report(path):
 
 
 def evaluation(path, *files):
-    return lambda: (*report_figures(report(path)), files or None)
+    """The figures evaluate.py --plot drew from this JSON (only `files` of them, if given)."""
+    return [path], lambda: (*report_figures(report(path)), files or None)
 
 
 def survey():
@@ -58,43 +59,51 @@ def survey():
     return (*figures(load("layers/survey/survey.json")["models"]), None, None)
 
 
-def retrofit(results=RESULTS):
-    """The source and the three runs at step 120 (profiles, early exit) and ζ over the checkpoints, the source's
-    profile on the same windows as step 0 of each run."""
-    read = lambda name: json.load(open(os.path.join(results, name), encoding="utf-8"))    # noqa: E731
-    runs = ("base", "jreg", "jreg_normed")
-    models = {"source": read("before.json")} | {run: read(f"after_{run}.json") for run in runs}
-    checkpoints = read("profiles.json")["models"]
+RUNS = ("base", "jreg", "jreg_normed")                    # the retrofit's runs (docs/retrofit.md)
+
+
+def retrofit(folder=os.path.join(RESULTS, "retrofit")):
+    """The source and the three runs at step 120 (profiles, early exit), and ζ over each run's checkpoints with the
+    source, profiled on the same windows (profiles.json), as its step 0. scripts/retrofit.sh draws with this too."""
+    models = {"source": load("before.json", folder)} | {run: load(f"after_{run}.json", folder) for run in RUNS}
+    checkpoints = load("profiles.json", folder)["models"] | {"jreg_normed": load("profiles_jreg_normed.json", folder)}
     source = checkpoints[models["source"]["model"]]["profile"]
-    checkpoints["jreg_normed"] = read("profiles_jreg_normed.json")
-    series = {run: [{**source, "step": 0}] + checkpoints[run]["profile_checkpoints"] for run in runs}
+    series = {run: [{**source, "step": 0}] + checkpoints[run]["profile_checkpoints"] for run in RUNS}
     return {name: m["profile"] for name, m in models.items()}, series, models, None
 
 
-FIGURES = {                     # folder in results/: () -> (profiles, series, exits, files) for plot_profiles
+AFTER = ["retrofit/before.json"] + [f"retrofit/after_{run}.json" for run in RUNS]
+FIGURES = {     # folder in results/: (its JSON files, or {PNG: its JSON files}; () -> plot_profiles' arguments)
     "kjv": evaluation("kjv/profiles.json", "layer_analysis.png"),
     "smollm2": evaluation("smollm2/profile.json"),
     "layers/smollm2": evaluation("layers/smollm2/early_exit.json"),
     "layers/kjv": evaluation("layers/kjv/early_exit.json"),
-    "layers/survey": survey,
-    "retrofit": retrofit,
+    "layers/survey": (["layers/survey/survey.json"], survey),
+    "retrofit": ({"psi_profiles.png": AFTER, "layer_analysis.png": AFTER, "early_exit.png": AFTER,
+                  "zeta_over_checkpoints.png": ["retrofit/profiles.json", "retrofit/profiles_jreg_normed.json"]},
+                 retrofit),
     "sft_kjv/kjv": evaluation("sft_kjv/profile_kjv.json"),
     "sft_kjv/chat": evaluation("sft_kjv/profile_chat.json"),
 }
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0])
-    p.add_argument("--out", default=RESULTS, help="folder to write into, as results/ is laid out (default: results/)")
-    p.add_argument("--only", nargs="+", choices=list(FIGURES), help="these folders only")
+    p = argparse.ArgumentParser(description="Redraw the committed plots from the committed JSON (lib/profiles.py's "
+                                            "plot_profiles); each PNG is printed with the JSON it is drawn from.")
+    p.add_argument("--out", default=RESULTS, help="folder to write into, laid out as results/ (default: results/)")
+    p.add_argument("--only", nargs="+", choices=list(FIGURES), metavar="FOLDER",
+                   help=f"these folders only, of {', '.join(FIGURES)}")
     args = p.parse_args(argv)
     written = []
     for folder in args.only or FIGURES:
-        profiles, series, exits, files = FIGURES[folder]()
+        sources, figures = FIGURES[folder]
+        profiles, series, exits, files = figures()
         out = os.path.join(args.out, folder)
         os.makedirs(out, exist_ok=True)
         for path in plot_profiles(profiles, out, series, exits, files=files):
-            print(f"wrote {os.path.relpath(path)}")
+            json_files = sources[os.path.basename(path)] if isinstance(sources, dict) else sources
+            shown = os.path.relpath(path, ROOT) if os.path.abspath(path).startswith(ROOT + os.sep) else path
+            print(f"{shown}  <-  {', '.join('results/' + s for s in json_files)}")
             written.append(path)
     return written
 

@@ -51,15 +51,12 @@ OMP_NUM_THREADS=1 python evaluate.py out/retrofit/jreg_normed "${PROFILE[@]}" --
     --analysis_tokens 0 --out "$RESULTS/profiles_jreg_normed.json" > out/retrofit/series_normed.log 2>&1
 finish
 python - "$RESULTS" <<'PY'
-import json, sys
-from profiles import plot_profiles           # the four models in one figure each: Ψ, logit lens, early exit; ζ over training
-r = sys.argv[1]
-runs = ("base", "jreg", "jreg_normed")
-models = {"source": json.load(open(f"{r}/before.json"))} | {n: json.load(open(f"{r}/after_{n}.json")) for n in runs}
-series = json.load(open(f"{r}/profiles.json"))["models"]
-series["jreg_normed"] = json.load(open(f"{r}/profiles_jreg_normed.json"))
-plot_profiles({n: m["profile"] for n, m in models.items()}, r, exits=models,
-              series={n: series[n]["profile_checkpoints"] for n in runs})
+import sys                         # the four models in one figure each: Ψ, logit lens, early exit; ζ over training
+sys.path.insert(0, "results")
+from plots import retrofit         # results/plots.py: the source as step 0 of every run, as the committed figures
+from lib.profiles import plot_profiles
+profiles, series, exits, _ = retrofit(sys.argv[1])
+plot_profiles(profiles, sys.argv[1], series, exits)
 PY
 cp out/retrofit/base/log.jsonl "$RESULTS/base_log.jsonl"
 cp out/retrofit/jreg/log.jsonl "$RESULTS/jreg_log.jsonl"

@@ -183,8 +183,9 @@ def main(argv=None):
         save()
     save(complete=True)
     print(table(results))
-    if args.plot and any("profile" in r for r in results.values()):
-        for path in plot_profiles(*figures(results), args.plot):
+    profiles, series = figures(results)
+    if args.plot and profiles:
+        for path in plot_profiles(profiles, args.plot, series):
             print(f"wrote {path}")
     if failed := [name for name, r in results.items() if "error" in r]:
         raise SystemExit(f"error: {len(failed)} of {len(models)} models could not be surveyed: {', '.join(failed)}")

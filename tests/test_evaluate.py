@@ -730,7 +730,8 @@ def test_early_exit_of_a_perplexity_task_is_its_perplexity_per_layer(tmp_path, d
         assert all(f"| {E._num(r['results']['wikitext']['word_perplexity'], '.2f')} |" in printed for r in rows)
         assert "| chance | 0.250 | – | 0.250 | |" in printed and "wikitext: word perplexity" in printed
         ax_acc, ax_ppl = figs["early_exit.png"].axes
-        assert ax_acc.get_ylabel() == "average accuracy (1 task)" and ax_ppl.get_ylabel() == "word perplexity"
+        assert ax_acc.get_ylabel() == "average accuracy (n = 2 per task)" and ax_ppl.get_ylabel() == "word perplexity"
+        assert {"acc (1 task)", "chance, acc (0.250)"} <= {t.get_text() for t in figs["early_exit.png"].legends[0].texts}
         assert list(ax_ppl.get_lines()[0].get_ydata()) == [r["results"]["wikitext"]["word_perplexity"] for r in rows]
         assert plot_problems(figs["early_exit.png"]) == []
         E.main([run, "--tasks", "wikitext", "--data_dir", data_dir, "--exit_layers", "all", "--plot", str(plots)])
