@@ -194,7 +194,7 @@ def blocks():
             "retrofit-finding": retrofit_finding(), "smollm2-finding": smollm2_finding()}, (runs, seeds, values)
 
 
-MARKER = re.compile(r"(<!-- results/collect\.py: ([\w-]+) -->\n)(.*?)(\n<!-- end -->)", re.S)
+MARKER = re.compile(r"(<!-- results/collect\.py: ([\w-]+) -->\n)((?:(?!<!-- )[\s\S])*?)(\n<!-- end -->)")
 
 
 def rewrite(text, generated, path, stale):
