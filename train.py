@@ -256,8 +256,10 @@ def main(argv):
 
     # ---- teardown
     run.close()
-    if proc.distributed:   # DDP's reducer goes first, while the group lives: the last reference to a gloo group,
-        del forward, objective     # dropped outside destroy_process_group, joins its thread holding the GIL: deadlock
+    if proc.distributed:
+        # DDP's reducer goes first, while the group lives: were it the last holder of a gloo group, freeing it after
+        # destroy_process_group would join the group's thread holding the GIL (a deadlock). Every handle to it goes.
+        del forward, objective, set_gradient_sync
         torch._dynamo.reset()                                   # compiled code refers to it too
         gc.collect()
         dist.barrier()
