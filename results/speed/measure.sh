@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The speed and memory figures the docs quote, measured again on this machine: each writes results/speed/NAME.json
+# (the numbers, the command, the machine, the commit); `python results/collect.py` then rewrites the docs' tables.
+# About 25 minutes on an idle 2-core CPU (generation at batch 8 alone: 12). NAMES="train_vocab512 ..." runs some of them.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+B="python -m scripts.bench"
+declare -A RUN=(
+  [train_vocab50304]="$B"                                                          # small preset, 4 × 256, vs HF
+  [train_vocab512]="$B --vocab_size 512 --micro_batch 8"
+  [train_vocab512_compile]="$B --vocab_size 512 --micro_batch 8 --compile"
+  [generate_batch1]="env OMP_NUM_THREADS=1 $B --generate --micro_batch 1"
+  [generate_batch8]="env OMP_NUM_THREADS=1 $B --generate --micro_batch 8"
+  [against_b6b6601]="$B --against b6b6601 --repeats 20"                            # the loss through lm_head vs before
+  [memory_probe]="$B --memory_probe --loss_chunk 128"
+  [memory_probe_bf16]="$B --memory_probe --loss_chunk 128 --dtype bfloat16"
+  [memory_probe_v32768]="$B --memory_probe --vocab_size 32768 --micro_batch 16"
+  [memory_8gpu]="$B --memory configs/170m.py configs/170m_jreg.py configs/1b.py configs/1b_jreg.py configs/3.4b.py configs/3.4b_jreg.py"
+  [memory_8gpu_eager]="$B --memory configs/170m_jreg.py configs/1b_jreg.py configs/3.4b_jreg.py --no-compile"
+  [memory_8gpu_ckpt]="$B --memory configs/3.4b_jreg.py --no-compile --checkpointing"
+)
+for name in ${NAMES:-train_vocab50304 train_vocab512 train_vocab512_compile generate_batch1 generate_batch8 \
+                      against_b6b6601 memory_probe memory_probe_bf16 memory_probe_v32768 memory_8gpu \
+                      memory_8gpu_eager memory_8gpu_ckpt}; do
+  echo "== $name: ${RUN[$name]}"
+  ${RUN[$name]} --json "results/speed/$name.json"
+done
