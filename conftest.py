@@ -27,8 +27,6 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if hasattr(session.config, "workerinput"):        # a pytest-xdist worker: the controller sees every report
-        return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     left = set(os.listdir(session.config.rootpath)) - session.config.files_before - {".pytest_cache", "__pycache__"}
     if left and exitstatus == pytest.ExitCode.OK:

@@ -217,11 +217,14 @@ def bench(inputs=None, tokenizer="gpt2", workers=None, rounds=3, text_field="tex
             m = prepare(tmp, inputs=inputs, tokenizer=tokenizer, workers=workers, text_field=text_field)
             bare, pipe = bare + [t1 - t], pipe + [time.perf_counter() - t1]
         assert m["tokens"] == n_tokens, (m["tokens"], n_tokens)
+    result = {"documents": len(docs), "tokens": n_tokens, "workers": workers, "rounds": rounds,
+              "bare_tokens_per_s": n_tokens / min(bare), "pipeline_tokens_per_s": n_tokens / min(pipe),
+              "ratio": min(bare) / min(pipe)}
     print(f"bench: {len(docs):,} documents, {n_tokens:,} tokens, {workers} workers, best of {rounds}: bare "
           f"{'encode_batch_fast' if enc.name.startswith('hf:') else 'encode_ordinary_batch'} "
-          f"{n_tokens / min(bare) / 1e6:.2f}M tokens/s, pipeline (read, tokenise, write shards) "
-          f"{n_tokens / min(pipe) / 1e6:.2f}M tokens/s, ratio pipeline / bare {min(bare) / min(pipe):.2f}")
-    return min(bare) / min(pipe)
+          f"{result['bare_tokens_per_s'] / 1e6:.2f}M tokens/s, pipeline (read, tokenise, write shards) "
+          f"{result['pipeline_tokens_per_s'] / 1e6:.2f}M tokens/s, ratio pipeline / bare {result['ratio']:.2f}")
+    return result
 
 
 def main(argv=None):

