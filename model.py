@@ -217,7 +217,19 @@ class ChunkedGradients(torch.autograd.Function):
         return (grad_hidden * grad_total, None, None, None, None, *(g * grad_total for g in grad_params))
 
 
-@torch.compiler.disable
+def outside_compiled_graphs(fn):
+    """torch.compiler.disable(fn), applied at the first call instead of at import: it imports the compiler (about 1.5 s
+    of every process's start, evaluate.py and a config error included). Traced, the same graph break."""
+    @functools.wraps(fn)
+    def run(*args):
+        disabled = getattr(fn, "_outside_compiled_graphs", None)
+        if disabled is None:
+            disabled = fn._outside_compiled_graphs = torch.compiler.disable(fn)
+        return disabled(*args)
+    return run
+
+
+@outside_compiled_graphs
 def chunked_gradients(hidden, targets, head, rows, compiled):
     """Outside any compiled graph: inductor would fuse the chunks' gradient sums into one kernel that needs every
     chunk's partial sums at once. Each chunk runs compiled when the caller is."""

@@ -392,6 +392,19 @@ def packing_effect():
         + ("the same loss both ways to the last bit" if first_same else "DIFFERENT losses") + " (a check of the measurement).")
 
 
+def sft_skip_finding():
+    """What the chat layer analysis shows about the last block (results/sft_kjv/profile_chat.json)."""
+    models = json.load(open(os.path.join(ROOT, "results", "sft_kjv", "profile_chat.json")))["models"]
+    last = {r: m["profile"]["skip_block_loss_increase"][-1] for r, m in models.items()}
+    n = models["base"]["profile"]["analysis_tokens"]
+    sign = "lowers its loss" if last["jreg_a1"] < 0 else "raises its loss"
+    return (f"On the conversations ({n:,} tokens), skipping the last block of the pre-trained JREG model {sign} by "
+            f"{abs(last['jreg_a1']):.4f} nats, where skipping the baseline's costs {last['base']:+.4f}: on text it was "
+            f"not trained on, the last block of the JREG model, which the penalty kept from moving h_L, does not help "
+            f"the prediction. Fine-tuning gives that block work again ({last['sft_jreg_a1']:+.4f} with JREG kept on, "
+            f"{last['sft_jreg_a1_off']:+.4f} without it; the baseline's {last['sft_base']:+.4f}). One run each.")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Speed and memory (results/speed/*.json, written by `python -m scripts.bench ... --json`)
 
@@ -862,7 +875,8 @@ def blocks():
             "retrofit-normed": retrofit_normed(), "smollm2-tasks": smollm2_tasks(),
             "smollm2-profile-finding": smollm2_profile_finding(), "kjv-boolq": kjv_boolq(),
             "kjv-lens-finding": kjv_lens_finding(), "survey-finding": survey_finding(),
-            "packing-effect": packing_effect(), "tokenize-speed": tokenize_speed()}, (runs, seeds, values)
+            "packing-effect": packing_effect(), "tokenize-speed": tokenize_speed(),
+            "sft-skip-finding": sft_skip_finding()}, (runs, seeds, values)
 
 
 MARKER = re.compile(r"(<!-- results/collect\.py: ([\w-]+) -->\n)((?:(?!<!-- )[\s\S])*?)(\n?<!-- end -->)")

@@ -22,8 +22,8 @@ Each PNG and the JSON it is drawn from (in results/; the command that wrote the 
     sft_kjv/chat/{psi_profiles,layer_analysis}.png      sft_kjv/profile_chat.json (finetuning.md)
 
 Not drawn here: kjv/psi_profiles.png and kjv/zeta_over_training.png (results/collect.py draws them from the seed
-runs) and kjv/zeta_over_checkpoints.png (evaluate.py --all_ckpts of out/kjv/base, kjv/base_checkpoints.json; its
-replacement is another owner's).
+runs) and kjv/zeta_over_checkpoints.png (evaluate.py --all_ckpts of out/kjv/base, kjv/base_checkpoints.json: the
+600-step baseline of one seed; the seed study's ζ over training, every seed, is kjv/zeta_over_training.png).
 """
 import argparse
 import json
