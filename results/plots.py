@@ -87,6 +87,17 @@ FIGURES = {     # folder in results/: (its JSON files, or {PNG: its JSON files};
 }
 
 
+def with_majority(exits):
+    """Results made before evaluate.py recorded each task's majority-class rate get it from results/task_rates_N.json:
+    the rates of the same first N documents (results/task_rates.py), drawn beside chance."""
+    for entry in (exits or {}).values():
+        for task, r in entry["results"].items():
+            rates = f"task_rates_{r.get('n')}.json"
+            if "acc" in r and "majority" not in r and os.path.exists(os.path.join(RESULTS, rates)):
+                r["majority"] = load(rates)["rates"][task]["majority"]
+    return exits
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description="Redraw the committed plots from the committed JSON (lib/profiles.py's "
                                             "plot_profiles); each PNG is printed with the JSON it is drawn from.")
@@ -98,6 +109,7 @@ def main(argv=None):
     for folder in args.only or FIGURES:
         sources, figures = FIGURES[folder]
         profiles, series, exits, files = figures()
+        exits = with_majority(exits)
         out = os.path.join(args.out, folder)
         os.makedirs(out, exist_ok=True)
         for path in plot_profiles(profiles, out, series, exits, files=files):
