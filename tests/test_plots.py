@@ -17,7 +17,7 @@ EXPECTED = {"kjv": [LENS], "smollm2": [PSI, LENS], "layers/smollm2": [PSI, LENS,
             "layers/survey": [PSI, ZETA], "retrofit": [PSI, LENS, ZETA, EXIT], "sft_kjv/kjv": [PSI, LENS],
             "sft_kjv/chat": [PSI, LENS]}
 ELSEWHERE = {"kjv/psi_profiles.png", "kjv/zeta_over_training.png",   # results/collect.py's, from the seed runs
-             "kjv/zeta_over_checkpoints.png"}                        # evaluate.py --all_ckpts; another owner's
+             "kjv/zeta_over_checkpoints.png"}                        # evaluate.py --all_ckpts of one 600-step run
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +83,14 @@ def test_the_figures_defects_stay_fixed(drawn):
     # a lone model's long name: its title wrapped, clear of the legend (plot_problems above)
     assert figs["smollm2/psi_profiles.png"].axes[0].get_title() == "SmolLM2-135M-Instruct.Q4_1.gguf\n(30 layers)"
     assert np.isfinite([ax.get_ylim() for fig in figs.values() for ax in fig.axes]).all()
+
+
+
+def test_older_results_get_the_majority_rate_of_their_documents(drawn):
+    """Results made before evaluate.py recorded majority rates take them from results/task_rates_N.json, N their
+    documents per task (the retrofit's: 50), and the early-exit plots draw them beside chance."""
+    figs, _ = drawn
+    for name in ("retrofit/early_exit.png", "layers/kjv/early_exit.png", "layers/smollm2/early_exit.png"):
+        labels = [t.get_text() for ax in figs[name].axes for legend in [ax.get_legend()] + figs[name].legends
+                  if legend for t in legend.get_texts()]
+        assert any(label.startswith("majority class, acc (") for label in labels), (name, labels)
