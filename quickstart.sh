@@ -43,7 +43,7 @@ for name in ("base", "jreg"):
     for label, p in (("yours", mine[name]["profile"]), ("committed", committed[name]["profile"])):
         print(f"| {name} | {label} | {p['loss']:.4f} | {p['psi'][-1]:.4f} | {p['zeta'][-1]:.2f} | {p['zeta'][-3]:.2f} |")
 sys.path.insert(0, "results")
-from collect import cpu_drift                              # the drift measured on other CPUs: results/kjv/other_cpus.json
+from numbers_reproduction import cpu_drift                 # the drift measured on other CPUs: results/kjv/other_cpus.json
 loss, _, psi, zeta, n = cpu_drift()
 print(f"On another CPU than the committed runs' these move (on {n} CPUs measured, 600-step runs) by up to {loss:.4f} in "
       f"loss, {psi:.4f} in Ψ and {zeta:.2f} in ζ (docs/reproduction.md); another seed moves them more. The effect to "

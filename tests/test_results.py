@@ -9,6 +9,7 @@ import pytest
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 sys.path.insert(0, os.path.join(HERE, "results"))
 import collect  # noqa: E402
+import numbers_reproduction as repro  # noqa: E402
 
 
 def test_every_quoted_results_block_equals_its_files():
@@ -17,7 +18,7 @@ def test_every_quoted_results_block_equals_its_files():
 
 
 def test_the_readme_quotes_the_seed_study_and_the_check_sees_a_changed_number(tmp_path):
-    generated, _ = collect.blocks()
+    generated = collect.blocks()
     readme = open(os.path.join(HERE, "README.md")).read()
     for name in ("kjv-seeds", "kjv-finding", "retrofit-finding", "smollm2-finding"):
         assert f"<!-- results/collect.py: {name} -->\n{generated[name]}\n<!-- end -->" in readme
@@ -28,16 +29,16 @@ def test_the_readme_quotes_the_seed_study_and_the_check_sees_a_changed_number(tm
 
 def test_intervals_by_hand():
     """mean ± sd with n − 1; the 95% t interval with t(0.975, n − 1): 2.776 for 5 values."""
-    mean, sd = collect.mean_sd([1.0, 2.0, 3.0, 4.0, 5.0])
+    mean, sd = repro.mean_sd([1.0, 2.0, 3.0, 4.0, 5.0])
     assert mean == 3.0 and sd == pytest.approx(1.5811388, abs=1e-7)
-    m, low, high = collect.t_interval([1.0, 2.0, 3.0, 4.0, 5.0])
+    m, low, high = repro.t_interval([1.0, 2.0, 3.0, 4.0, 5.0])
     assert (low, high) == pytest.approx((3 - 2.776 * 1.5811388 / 5 ** 0.5, 3 + 2.776 * 1.5811388 / 5 ** 0.5))
-    assert collect.t_interval([-0.02, 0.01, -0.01, 0.0, 0.005])[1] < 0 < collect.t_interval([-0.02, 0.01])[2]
+    assert repro.t_interval([-0.02, 0.01, -0.01, 0.0, 0.005])[1] < 0 < repro.t_interval([-0.02, 0.01])[2]
 
 
 def test_the_seed_study_has_five_seeds_of_each_condition():
-    runs = collect.seed_runs()
-    assert {c: sorted(r) for c, r in runs.items()} == {c: sorted([1337, 1, 2, 3, 4]) for c in collect.CONDITIONS}
+    runs = repro.seed_runs()
+    assert {c: sorted(r) for c, r in runs.items()} == {c: sorted([1337, 1, 2, 3, 4]) for c in repro.CONDITIONS}
     for by_seed in runs.values():
         for seed, run in by_seed.items():
             assert run["config"]["seed"] == seed and run["config"]["max_steps"] == 300
@@ -60,7 +61,7 @@ def test_the_paired_comparison_of_the_same_judgments_is_the_same_in_any_order():
 
 
 def test_every_generated_block_is_quoted_somewhere_and_every_marker_has_a_block():
-    generated, _ = collect.blocks()
+    generated = collect.blocks()
     docs = [os.path.join(HERE, "README.md")] + [os.path.join(HERE, "docs", f) for f in os.listdir(os.path.join(HERE, "docs"))]
     text = "".join(open(p).read() for p in docs)
     quoted = {name for _, name, _, _ in collect.MARKER.findall(text)}
@@ -71,7 +72,7 @@ def test_the_other_cpus_drift_by_hand():
     """The largest move of another CPU, same code (the rows of results/kjv/other_cpus.json whose "what" is "cpu")
     against the committed 600-step baseline (val loss 1.3093, ζ_L 4.14): the AVX-512 Xeon's 1.3039 is 0.0054 away,
     the Zen 4's ζ_L 3.74 is 0.40 away; the code-reordering rows do not count."""
-    final, midrun, psi, zeta, n = collect.cpu_drift()
+    final, midrun, psi, zeta, n = repro.cpu_drift()
     assert n == 3
     assert final == pytest.approx(1.3093 - 1.3039, abs=1e-4)
     assert zeta == pytest.approx(4.14 - 3.74, abs=0.006)
@@ -80,4 +81,4 @@ def test_the_other_cpus_drift_by_hand():
 
 def test_quickstart_prints_the_measured_drift_not_a_copy():
     text = open(os.path.join(HERE, "quickstart.sh")).read()
-    assert "from collect import cpu_drift" in text and "±0.006" not in text
+    assert "from numbers_reproduction import cpu_drift" in text and "±0.006" not in text

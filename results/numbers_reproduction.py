@@ -1,0 +1,303 @@
+"""
+The numbers README.md and docs/reproduction.md quote, from results/kjv/: the seed study (seeds/*.json, made by
+results/kjv/run_seeds.py), with per condition mean ± standard deviation over seeds and JREG − baseline per seed (the
+same seed: the same initialisation and data order) with a two-sided 95% t interval of the mean difference (n − 1
+degrees of freedom); the 600-step runs of two seeds; the drift other CPUs gave (other_cpus.json); the quick start's
+fresh-clone run. results/collect.py writes them; plots() draws the seed study's two figures.
+"""
+import glob
+import json
+import math
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KJV = os.path.join(ROOT, "results", "kjv")
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+CONDITIONS = {"base": "baseline", "jreg_a1": "JREG α = 1", "jreg_a3": "JREG α = 3"}
+# metric: (label, digits, function of a run's profile)
+METRICS = {"val_loss": ("val loss", 4, lambda p: p["loss"]),
+           "psi_L": ("Ψ_L", 4, lambda p: p["psi"][-1]),
+           "zeta_L": ("ζ_L", 2, lambda p: p["zeta"][-1]),
+           "zeta_L2": ("ζ_{L−2}", 2, lambda p: p["zeta"][-3]),
+           "psi_mid": ("mean Ψ, layers 2..L−2", 4, lambda p: sum(p["psi"][1:-2]) / len(p["psi"][1:-2])),
+           "zeta_L_normed": ("ζ_L (normed h_L)", 2, lambda p: p["zeta_normed"][-1])}
+
+
+def seed_runs():
+    """{condition: {seed: run record}} of results/kjv/seeds/."""
+    runs = {c: {} for c in CONDITIONS}
+    for path in sorted(glob.glob(os.path.join(KJV, "seeds", "*.json"))):
+        run = json.load(open(path))
+        runs[run["condition"]][run["seed"]] = run
+    return runs
+
+
+def mean_sd(values):
+    m = sum(values) / len(values)
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else float("nan")
+    return m, sd
+
+
+def t_interval(values):
+    """(mean, low, high): the two-sided 95% t interval of the mean."""
+    m, sd = mean_sd(values)
+    half = T975[len(values) - 1] * sd / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+    return m, m - half, m + half
+
+
+def stats(runs):
+    """{metric: {condition: values by seed}}, the seeds every condition has, sorted."""
+    seeds = sorted(set.intersection(*(set(r) for r in runs.values())))
+    return seeds, {m: {c: [f(runs[c][s]["profile"]) for s in seeds] for c in CONDITIONS}
+                   for m, (_, _, f) in METRICS.items()}
+
+
+def fmt(value, digits, sign=False):
+    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+
+
+def seed_table(seeds, values):
+    head = "| condition | " + " | ".join(METRICS[m][0] for m in METRICS) + " |"
+    lines = [head, "|---" * (len(METRICS) + 1) + "|"]
+    for c, name in CONDITIONS.items():
+        cells = []
+        for m, (_, digits, _) in METRICS.items():
+            mean, sd = mean_sd(values[m][c])
+            cells.append(f"{fmt(mean, digits)} ± {fmt(sd, digits)}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + f"\n\nMean ± standard deviation over {len(seeds)} seeds ({', '.join(map(str, seeds))})."
+
+
+def paired_table(seeds, values):
+    lines = ["| JREG − baseline, same seed | " + " | ".join(METRICS[m][0] for m in METRICS) + " |",
+             "|---" * (len(METRICS) + 1) + "|"]
+    for c in ("jreg_a1", "jreg_a3"):
+        cells = []
+        for m, (_, digits, _) in METRICS.items():
+            diff = [a - b for a, b in zip(values[m][c], values[m]["base"])]
+            mean, low, high = t_interval(diff)
+            cells.append(f"{fmt(mean, digits, True)} [{fmt(low, digits, True)}, {fmt(high, digits, True)}]")
+        lines.append(f"| {CONDITIONS[c]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + (f"\n\nMean difference over the {len(seeds)} seeds and its two-sided 95% t interval "
+                               f"({len(seeds) - 1} degrees of freedom).")
+
+
+def run_table(runs):
+    lines = ["| condition | seed | " + " | ".join(METRICS[m][0] for m in METRICS) + " | training s |",
+             "|---" * (len(METRICS) + 3) + "|"]
+    for c, by_seed in runs.items():
+        for seed, run in by_seed.items():
+            cells = [fmt(f(run["profile"]), digits) for _, digits, f in METRICS.values()]
+            lines.append(f"| {CONDITIONS[c]} | {seed} | " + " | ".join(cells) + f" | {run['train_seconds']} |")
+    return "\n".join(lines)
+
+
+def finding(seeds, values):
+    """The README's sentence: what the intervals support."""
+    n = len(seeds)
+    base, a1 = (mean_sd(values["zeta_L"][c]) for c in ("base", "jreg_a1"))
+    loss = t_interval([a - b for a, b in zip(values["val_loss"]["jreg_a1"], values["val_loss"]["base"])])
+    zeta = t_interval([a - b for a, b in zip(values["zeta_L"]["jreg_a1"], values["zeta_L"]["base"])])
+    verdict = ("the interval holds 0: no difference in validation loss is detected, and a cost or a gain as large as "
+               f"{max(abs(loss[1]), abs(loss[2])):.4f} is not ruled out" if loss[1] <= 0 <= loss[2] else
+               ("JREG's validation loss is higher" if loss[1] > 0 else "JREG's validation loss is lower") +
+               " than the baseline's at 95%")
+    return (f"Over {n} seeds, JREG (λ = 1, α = 1) takes the final-layer jump rate ζ_L from {base[0]:.2f} ± {base[1]:.2f} "
+            f"to {a1[0]:.2f} ± {a1[1]:.2f} (paired difference {zeta[0]:+.2f}, 95% t interval [{zeta[1]:+.2f}, "
+            f"{zeta[2]:+.2f}]). Its validation loss differs from the baseline's by {loss[0]:+.4f} "
+            f"[{loss[1]:+.4f}, {loss[2]:+.4f}]: {verdict}.")
+
+
+def plots(runs, seeds, values):
+    """psi_profiles.png: Ψ per layer, mean over seeds with a band of ± one standard deviation, layers 2..L (Ψ_1, the
+    embedding's first update, is ~0.23 in every run and would flatten the rest); zeta_over_training.png: ζ_L of the
+    periodic evals (raw h_L, the runs' validation windows), every seed a thin line, the mean a thick one."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    colors = {"base": "tab:gray", "jreg_a1": "tab:blue", "jreg_a3": "tab:orange"}
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for c, name in CONDITIONS.items():
+        profiles = [runs[c][s]["profile"]["psi"] for s in seeds]
+        layers = list(range(2, len(profiles[0]) + 1))
+        stat = [mean_sd([p[l - 1] for p in profiles]) for l in layers]
+        mean = [m for m, _ in stat]
+        ax.plot(layers, mean, marker="o", color=colors[c], label=f"{name} (Ψ_1 = "
+                f"{mean_sd([p[0] for p in profiles])[0]:.2f}, not drawn)")
+        ax.fill_between(layers, [m - s for m, s in stat], [m + s for m, s in stat], color=colors[c], alpha=0.2)
+    ax.set(xlabel="layer l", ylabel="Ψ_l (raw h_L, 32,768 val tokens)",
+           title=f"The final-layer jump and JREG: KJV, 8 layers, mean ± sd over {len(seeds)} seeds")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(KJV, "psi_profiles.png"), dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for c, name in CONDITIONS.items():
+        curves = [[(e["step"], e["zeta"][-1]) for e in runs[c][s]["evals"]] for s in seeds]
+        for curve in curves:
+            ax.plot(*zip(*curve), color=colors[c], alpha=0.3, linewidth=0.8)
+        steps = [x for x, _ in curves[0]]
+        ax.plot(steps, [sum(cv[i][1] for cv in curves) / len(curves) for i in range(len(steps))], color=colors[c],
+                linewidth=2.2, label=f"{name}: mean of {len(curves)} seeds")
+    ax.set(xlabel="training step", ylabel="ζ_L (%, raw h_L)", title="ζ_L over training, every seed (thin) and the mean")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(KJV, "zeta_over_training.png"), dpi=120)
+    plt.close(fig)
+
+
+def seed_study():
+    """(runs, seeds, values) of the seed study: every block of it reads these."""
+    runs = seed_runs()
+    return (runs, *stats(runs))
+
+
+# The 600-step runs of two seeds (results/kjv/profiles.json: evaluate.py --profile of the five runs at step 600)
+
+RUNS600 = ("base", "jreg_a1", "jreg_a3", "base_seed1", "jreg_a1_seed1")
+
+
+def profiles600():
+    """{run: profile} and {run: seed} of the 600-step runs."""
+    models = json.load(open(os.path.join(KJV, "profiles.json")))["models"]
+    seeds = {r: json.load(open(os.path.join(KJV, f"{r}.json")))["config"].get("seed") or 1337 for r in RUNS600}
+    return {r: models[r]["profile"] for r in RUNS600}, seeds
+
+
+def mid(psi):
+    return sum(psi[1:-2]) / len(psi[1:-2])
+
+
+def kjv600_runs():
+    prof, seeds = profiles600()
+    lines = ["| run | seed | val loss | Ψ_L | Ψ_{L−1} | ζ_L | ζ_{L−2} | ζ_L (normed h_L) | mean Ψ, layers 2..L−2 |",
+             "|---" * 9 + "|"]
+    for r, p in prof.items():
+        lines.append(f"| {r} | {seeds[r]} | {p['loss']:.4f} | {p['psi'][-1]:.4f} | {p['psi'][-2]:.4f} | "
+                     f"{p['zeta'][-1]:.2f} | {p['zeta'][-3]:.2f} | {p['zeta_normed'][-1]:.2f} | {mid(p['psi']):.4f} |")
+    return "\n".join(lines) + f"\n\nval loss: the profile's, on its {prof['base']['n_tokens']:,} tokens."
+
+
+def kjv600_layers():
+    prof, _ = profiles600()
+    b, a1, a3 = prof["base"], prof["jreg_a1"], prof["jreg_a3"]
+    lines = ["| layer | Ψ base | Ψ α=1 | Ψ α=3 | skip Δloss base | skip Δloss α=1 | skip Δloss α=3 | lens loss base | "
+             "lens loss α=1 |", "|---" * 9 + "|"]
+    for l in range(1, len(b["psi"]) + 1):
+        skip = " | ".join(f"{p['skip_block_loss_increase'][l - 1]:+.3f}" for p in (b, a1, a3))
+        lines.append(f"| {l} | {b['psi'][l - 1]:.4f} | {a1['psi'][l - 1]:.4f} | {a3['psi'][l - 1]:.4f} | {skip} | "
+                     f"{b['logit_lens_loss'][l]:.3f} | {a1['logit_lens_loss'][l]:.3f} |")
+    return "\n".join(lines)
+
+
+def kjv600_finding():
+    """What the two 600-step seeds show, each number from profiles.json or base_checkpoints.json."""
+    prof, _ = profiles600()
+    b, b1, a1, a1s, a3 = (prof[r] for r in ("base", "base_seed1", "jreg_a1", "jreg_a1_seed1", "jreg_a3"))
+    middle = [v for p in (b, b1) for v in p["psi"][1:-2]]
+    ckpts = {c["step"]: c["zeta"][-1] for c in
+             json.load(open(os.path.join(KJV, "base_checkpoints.json")))["profile_checkpoints"]}
+    dips = [s for s in sorted(ckpts)[1:-1] if ckpts[s] < ckpts[s - 50]]
+    lens_drop = [b["logit_lens_loss"][l] - a1["logit_lens_loss"][l] for l in range(3, len(b["psi"]))]
+    L = len(b["psi"])
+    return (f"The baselines grow a final-layer jump: Ψ_{L} = {b['psi'][-1]:.3f} and {b1['psi'][-1]:.3f} against "
+            f"{min(middle):.3f}–{max(middle):.3f} in layers 2–{L - 2}, ζ_L = {b['zeta'][-1]:.2f} and "
+            f"{b1['zeta'][-1]:.2f} for the two seeds, and ζ_L rises over training ({ckpts[50]:.2f} at step 50, "
+            f"{ckpts[200]:.2f} at 200, {ckpts[600]:.2f} at 600, lower than the checkpoint before at "
+            f"{', '.join(map(str, dips))}; `results/kjv/base_checkpoints.json`), as the paper reports for its models. "
+            f"JREG with α = 1 removes it in both seeds (ζ_L = {a1['zeta'][-1]:.2f} and {a1s['zeta'][-1]:.2f}, Ψ_{L} = "
+            f"{a1['psi'][-1]:.3f} and {a1s['psi'][-1]:.3f}); its validation loss differs from the same seed's "
+            f"baseline by {a1['loss'] - b['loss']:+.4f} and {a1s['loss'] - b1['loss']:+.4f}. Under JREG the middle "
+            f"layers become more readable: the logit-lens loss of h_3..h_{L - 1} drops by {min(lens_drop):.2f}–"
+            f"{max(lens_drop):.2f} nats, and skipping the last block costs "
+            f"{a1['skip_block_loss_increase'][-1]:+.3f} nats instead of {b['skip_block_loss_increase'][-1]:+.3f}. "
+            f"α = 3, which puts about 95% of the weight on layer L, moves the jump one layer down (Ψ_{L - 1} = "
+            f"{a3['psi'][-2]:.3f}, ζ_{{L−2}} = {a3['zeta'][-3]:.2f}). α = 1 keeps ζ_{{L−2}} at {a1['zeta'][-3]:.2f} "
+            f"in seed 1337 but {a1s['zeta'][-3]:.2f} in seed 1: the penalty removes the last layer's jump, not "
+            f"always the one below it.")
+
+
+# Other CPUs and arithmetic orders (results/kjv/other_cpus.json) against the committed 600-step baseline
+
+def other_cpus():
+    doc = json.load(open(os.path.join(KJV, "other_cpus.json")))
+    base = json.load(open(os.path.join(ROOT, doc["committed"])))
+    evals = {str(e["step"]): e["val_loss"] for e in base["evals"] if "val_loss" in e}
+    p = json.load(open(os.path.join(KJV, "profiles.json")))["models"]["base"]["profile"]
+    committed = {"val_loss": p["loss"], "psi_L": p["psi"][-1], "psi_L1": p["psi"][-2], "zeta_L": p["zeta"][-1],
+                 "zeta_L2": p["zeta"][-3], "zeta_L_normed": p["zeta_normed"][-1], "psi_mid": mid(p["psi"])}
+    return doc["runs"], evals, committed
+
+
+def cpu_loss_table():
+    runs, evals, _ = other_cpus()
+    steps = list(evals)
+    lines = ["| step | " + " | ".join(steps) + " |", "|---" * (len(steps) + 1) + "|",
+             "| committed | " + " | ".join(f"{evals[s]:.4f}" for s in steps) + " |"]
+    for r in runs:
+        lines.append(f"| {r['machine']}; {r['code']} | " + " | ".join(f"{r['val_loss'][s]:.4f}" for s in steps) + " |")
+    return "\n".join(lines)
+
+
+PROFILE_COLS = {"val_loss": ("val loss", 4), "psi_L": ("Ψ_L", 4), "psi_L1": ("Ψ_{L−1}", 4), "zeta_L": ("ζ_L", 2),
+                "zeta_L2": ("ζ_{L−2}", 2), "zeta_L_normed": ("ζ_L normed", 2), "psi_mid": ("mean Ψ, layers 2..L−2", 4)}
+
+
+def cpu_profile_table():
+    runs, _, committed = other_cpus()
+    lines = ["| base, step 600 | " + " | ".join(c for c, _ in PROFILE_COLS.values()) + " |",
+             "|---" * (len(PROFILE_COLS) + 1) + "|",
+             "| committed | " + " | ".join(f"{committed[k]:.{d}f}" for k, (_, d) in PROFILE_COLS.items()) + " |"]
+    for r in runs:
+        lines.append(f"| {r['machine']}; {r['code']} | "
+                     + " | ".join(f"{r['profile'][k]:.{d}f}" for k, (_, d) in PROFILE_COLS.items()) + " |")
+    return "\n".join(lines)
+
+
+def cpu_drift():
+    """The largest move another CPU (same code) gave, in final val loss, mid-run val loss, Ψ_L and ζ_L."""
+    runs, evals, committed = other_cpus()
+    cpus = [r for r in runs if r["what"] == "cpu"]
+    final = max(abs(r["profile"]["val_loss"] - committed["val_loss"]) for r in cpus)
+    midrun = max(abs(r["val_loss"][s] - evals[s]) for r in cpus for s in evals)
+    psi = max(abs(r["profile"][k] - committed[k]) for r in cpus for k in ("psi_L", "psi_L1", "psi_mid"))
+    zeta = max(abs(r["profile"][k] - committed[k]) for r in cpus for k in ("zeta_L", "zeta_L2", "zeta_L_normed"))
+    return final, midrun, psi, zeta, len(cpus)
+
+
+def determinism():
+    final, _, _, zeta, n = cpu_drift()
+    return (f"**Determinism.** Bit-exact on the same CPU and code (any thread count); {n} other CPUs moved the final "
+            f"validation loss by up to {final:.4f} and ζ_L by up to {zeta:.2f} (600-step runs), less than the seed "
+            f"does: [reproduction](docs/reproduction.md#which-digits-are-exact).")
+
+
+def cpu_finding():
+    final, midrun, psi, zeta, n = cpu_drift()
+    runs, _, committed = other_cpus()
+    zetas = [committed["zeta_L"]] + [r["profile"]["zeta_L"] for r in runs]
+    psis = [committed["psi_L"]] + [r["profile"]["psi_L"] for r in runs]
+    jreg = [r["jreg_profile"]["zeta_L"] for r in runs if "jreg_profile" in r]
+    return (f"Across the {n} other CPUs, the same code moved the final validation loss by up to {final:.4f}, a mid-run "
+            f"one by up to {midrun:.4f}, Ψ by up to {psi:.4f} and ζ by up to {zeta:.2f}; a reordering of the "
+            f"arithmetic moves them as much. Every variant tells the same story: the baseline ends with Ψ_L between "
+            f"{min(psis):.4f} and {max(psis):.4f} and ζ_L between {min(zetas):.2f} and {max(zetas):.2f}, and the JREG "
+            f"runs recorded beside two of them with ζ_L = {max(jreg):.2f}.")
+
+
+def quickstart_time():
+    q = json.load(open(os.path.join(KJV, "quickstart_run.json")))
+    yours = [line for line in q["printed"] if "| yours |" in line]
+    same = all(line.replace("yours", "committed") in q["printed"] for line in yours)
+    m, sec = divmod(round(q["seconds"]), 60)
+    return (f"From a fresh clone of `{q['commit']}` the quick start took {m} min {sec} s (`time bash quickstart.sh`, the "
+            f"packages already installed; {q['machine']['cpu']}, torch {q['machine']['torch']}), and its table "
+            + ("equalled the committed seed-1337 rows to the last printed digit" if same else "differed from the "
+               "committed rows") + " (`results/kjv/quickstart_run.json`).")
+
+
+BLOCKS = {"kjv-seeds": lambda: seed_table(*seed_study()[1:]), "kjv-paired": lambda: paired_table(*seed_study()[1:]),
+          "kjv-runs": lambda: run_table(seed_study()[0]), "kjv-finding": lambda: finding(*seed_study()[1:]),
+          "kjv600-runs": kjv600_runs, "kjv600-layers": kjv600_layers, "kjv600-finding": kjv600_finding,
+          "cpu-loss": cpu_loss_table, "cpu-profile": cpu_profile_table, "cpu-finding": cpu_finding,
+          "determinism": determinism, "quickstart-time": quickstart_time}

@@ -1,0 +1,123 @@
+"""
+The speed and memory figures docs/speed.md, training.md and data.md quote, from results/speed/*.json (written by
+`python -m scripts.bench ... --json` and results/speed/tokenize_bench.py; all remade by results/speed/measure.sh).
+"""
+import json
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def speed(name):
+    return json.load(open(os.path.join(ROOT, "results", "speed", f"{name}.json")))
+
+
+def machine_line(*records):
+    ms = {(r["machine"]["cpu"], r["machine"]["gpu"], r["machine"]["threads"], r["machine"]["torch"]) for r in records}
+    return "; ".join(f"{gpu or cpu}, {threads} thread{'s' * (threads > 1)}, torch {torch}"
+                     for cpu, gpu, threads, torch in sorted(ms, key=str))
+
+
+def speed_training():
+    rows = {"train_vocab50304": "vocab 50,304, batch 4 × 256, eager", "train_vocab512": "vocab 512, batch 8 × 256, eager",
+            "train_vocab512_compile": "vocab 512, batch 8 × 256, `--compile`"}
+    records = [speed(n) for n in rows]
+    lines = ["| setting | fwd+bwd ours / HF | train step ours / HF | JREG overhead (λ=1 vs λ=0 step) | command |",
+             "|---|---|---|---|---|"]
+    for (n, label), rec in zip(rows.items(), records):
+        r = rec["results"]
+        fb, st = r["fwd_bwd_ms"], r["step_ms"]
+        lines.append(f"| {label} | {fb['HF'] / fb['ours']:.2f}× ({fb['ours']:.0f} vs {fb['HF']:.0f} ms) | "
+                     f"{st['HF λ=0'] / st['ours λ=0']:.2f}× ({st['ours λ=0']:.0f} vs {st['HF λ=0']:.0f} ms) | "
+                     f"{100 * r['jreg_overhead']:+.1f}% | `{rec['command']}` |")
+    return "\n".join(lines) + f"\n\nMeasured on {machine_line(*records)} (`results/speed/train_*.json`)."
+
+
+def speed_generation():
+    records = [speed(f"generate_batch{b}") for b in (1, 8)]
+    lines = ["| batch | cached | uncached | speed-up | same tokens |", "|---|---|---|---|---|"]
+    for rec in records:
+        r = rec["results"]
+        lines.append(f"| {r['batch']} | {r['cached_tok_per_s']:.1f} tok/s | {r['uncached_tok_per_s']:.1f} tok/s | "
+                     f"{r['cached_tok_per_s'] / r['uncached_tok_per_s']:.1f}× | {r['same_tokens']} |")
+    return "\n".join(lines) + (f"\n\nMeasured on {machine_line(*records)}: `{records[0]['command']}` "
+                               f"(`results/speed/generate_batch*.json`).")
+
+
+def speed_against():
+    rec = speed("against_b6b6601")
+    r = rec["results"]
+    return (f"Measured against `{r['against']}` (the code before the loss went through `lm_head`): training forward + "
+            f"backward {r['ms']['now']:.0f} ms now vs {r['ms']['then']:.0f} ms then, speed now / then = "
+            f"{r['speed_ratio']:.3f}×, the same loss bit for bit: {r['same_loss']} (`{rec['command']}`, "
+            f"{machine_line(rec)}; `results/speed/against_b6b6601.json`).")
+
+
+def memory_probe():
+    """Measured peaks (torch.profiler's tensor bytes) beside the estimate, on CPU: fp32 and bf16 autocast, chunks of
+    128 positions; and the bytes per logit of the loss at a 32,768 vocabulary."""
+    fp32, bf16, big = speed("memory_probe"), speed("memory_probe_bf16"), speed("memory_probe_v32768")
+    r, rb = fp32["results"], bf16["results"]
+    ratio = ", ".join(f"{r['estimate_mb'][k] / r['peak_mb'][k]:.3f}" for k in r["peak_mb"])
+    bpl = big["results"]["bytes_per_logit"]
+    return (f"With `{fp32['command']}` (small preset, fp32, eager) the estimate is {ratio} of the measured peak (full "
+            f"logits, chunked, chunked + checkpointing); the loss takes {r['bytes_per_logit']['full']:.1f} bytes per "
+            f"logit with the full fp32 logits and {r['bytes_per_logit']['chunked']:.1f} chunked ({r['loss_chunk']} "
+            f"positions a chunk); checkpointing the blocks took a step's peak from {r['peak_mb']['chunked loss']:.1f} "
+            f"to {r['peak_mb']['chunked + checkpointing']:.1f} MB in fp32 and from {rb['peak_mb']['chunked loss']:.1f} "
+            f"to {rb['peak_mb']['chunked + checkpointing']:.1f} MB under bf16 autocast, and took "
+            f"{r['step_ms']['chunked + checkpointing'] / r['step_ms']['chunked loss']:.2f}× the step time in fp32. At "
+            f"a 32,768 vocabulary (`{big['command']}`) the loss takes {bpl['full']:.2f} bytes per logit full and "
+            f"{bpl['chunked']:.2f} chunked. Measured on {machine_line(fp32, bf16, big)} "
+            f"(`results/speed/memory_probe*.json`).")
+
+
+def memory_table():
+    """bench.py --memory's predictions: the configs as they run, then eager, then eager with checkpointing."""
+    records = [speed(n) for n in ("memory_8gpu", "memory_8gpu_eager", "memory_8gpu_ckpt")]
+    cols = ("weights", "gradients", "optimizer", "buffers", "activations", "logits", "total")
+    lines = ["| config | mode | micro × accum | " + " | ".join(cols) + " | margin |", "|---" * (len(cols) + 4) + "|"]
+    for rec in records:
+        for path, r in rec["results"]["configs"].items():
+            name = os.path.basename(path).removesuffix(".py")
+            lines.append(f"| {name} | {r['mode']} | {r['micro_batch']} × {r['grad_accum']} | "
+                         + " | ".join(f"{r[c]:.2f}" for c in cols) + f" | {100 * r['margin']:.0f}% |")
+    return "\n".join(lines) + "\n\n" + "; ".join(f"`{rec['command']}`" for rec in records) + \
+        " (`results/speed/memory_8gpu*.json`)."
+
+def tokenize_speed():
+    """prepare_fineweb.py's pipeline against the bare tokenizer (results/speed/tokenize_*.json)."""
+    names = ("tokenize_kjv_verses", "tokenize_kjv_chapters", "tokenize_kjv_smollm2")
+    records = [speed(n) for n in names]
+    lines = ["| documents | tokenizer | tokens | bare, tokens/s | pipeline, tokens/s | pipeline / bare |", "|---" * 6 + "|"]
+    for rec in records:
+        r = rec["results"]
+        tok = "SmolLM2's (a GGUF file)" if rec["tokenizer"].startswith("hf:") else rec["tokenizer"]
+        lines.append(f"| {rec['documents']} | {tok} | {r['tokens']:,} | {r['bare_tokens_per_s'] / 1e6:.2f}M | "
+                     f"{r['pipeline_tokens_per_s'] / 1e6:.2f}M | {r['ratio']:.2f}× |")
+    return "\n".join(lines) + (f"\n\nBest of {records[0]['results']['rounds']}, on {machine_line(*records)} "
+                               f"(`results/speed/tokenize_*.json`, made by "
+                               f"`results/speed/tokenize_bench.py`).")
+
+
+def full_scale_estimate(mfu=0.35, peak=989e12, gpus=8, tokens=104.9e9):
+    """Not a measurement: each config's FLOPs per token (Llama.flops_per_token, in memory_8gpu.json) at an assumed MFU
+    on 8 × H100 SXM (989 TFLOP/s dense bf16 each), and the time for the paper's 104.9B tokens."""
+    configs = speed("memory_8gpu")["results"]["configs"]
+    lines = ["| size | parameters | GFLOP / token | tokens/s per 8 × H100 (est.) | 104.9B tokens on 1 node (est.) |",
+             "|---|---|---|---|---|"]
+    for path, r in configs.items():
+        if "jreg" in path:
+            continue
+        rate = mfu * peak * gpus / r["flops_per_token"]
+        hours = tokens / rate / 3600
+        n = r["params"]
+        size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+        lines.append(f"| {os.path.basename(path).removesuffix('.py')} | {size} | {r['flops_per_token'] / 1e9:.2f} | "
+                     f"{rate / 1e6:.2f}M | {hours:.0f} h (4 nodes: {hours / 4:.0f} h) |")
+    return "\n".join(lines) + f"\n\nAssumed: {100 * mfu:.0f}% MFU, {peak / 1e12:.0f} TFLOP/s per GPU, {gpus} GPUs a node."
+
+
+BLOCKS = {"speed-training": speed_training, "speed-generation": speed_generation, "speed-against": speed_against,
+          "memory-probe": memory_probe, "memory-table": memory_table, "full-scale-estimate": full_scale_estimate,
+          "tokenize-speed": tokenize_speed}
