@@ -26,4 +26,6 @@ def main(data_dir, limit, out):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 4 or "-h" in sys.argv or "--help" in sys.argv:
+        raise SystemExit(__doc__ + "\nusage: python results/task_rates.py DATA_DIR N OUT.json")
     main(*sys.argv[1:])

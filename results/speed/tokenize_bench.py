@@ -40,4 +40,6 @@ def main(name, tokenizer, *flags):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) not in (3, 4) or sys.argv[3:] not in ([], ["--chapters"]) or "-h" in sys.argv or "--help" in sys.argv:
+        raise SystemExit(__doc__ + "\nusage: python results/speed/tokenize_bench.py NAME TOKENIZER [--chapters]")
     main(*sys.argv[1:])
