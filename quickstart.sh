@@ -21,7 +21,7 @@ KJV=$(python -c "import data; print(data.kjv_path())")
 python prepare_fineweb.py --input "$KJV" --out_dir data/kjv_bytes --prefix kjv --tokenizer bytes \
     --val_tokens 200000 --shard_tokens 1000000 --quiet
 mkdir -p "$OUT"
-echo "training the baseline and JREG side by side, 300 steps each (5–6 minutes on 2 idle cores); logs: $OUT/*.log"
+echo "training the baseline and JREG side by side, 300 steps each (6–7 minutes on 2 idle cores); logs: $OUT/*.log"
 OMP_NUM_THREADS=1 python train.py configs/kjv.py --out_dir="$OUT/base" "${QUICK[@]}" > "$OUT/base.log" 2>&1 &
 BASE=$!
 OMP_NUM_THREADS=1 python train.py configs/kjv_jreg.py --out_dir="$OUT/jreg" "${QUICK[@]}" > "$OUT/jreg.log" 2>&1 &
