@@ -98,14 +98,14 @@ def finding(seeds, values):
     base, a1 = (mean_sd(values["zeta_L"][c]) for c in ("base", "jreg_a1"))
     loss = t_interval([a - b for a, b in zip(values["val_loss"]["jreg_a1"], values["val_loss"]["base"])])
     zeta = t_interval([a - b for a, b in zip(values["zeta_L"]["jreg_a1"], values["zeta_L"]["base"])])
-    verdict = ("the interval holds 0: no difference in validation loss is detected, and a cost or a gain as large as "
+    verdict = ("The interval holds 0: no difference in validation loss is detected, and a cost or a gain as large as "
                f"{max(abs(loss[1]), abs(loss[2])):.4f} is not ruled out" if loss[1] <= 0 <= loss[2] else
                ("JREG's validation loss is higher" if loss[1] > 0 else "JREG's validation loss is lower") +
                " than the baseline's at 95%")
     return (f"Over {n} seeds, JREG (λ = 1, α = 1) takes the final-layer jump rate ζ_L from {base[0]:.2f} ± {base[1]:.2f} "
             f"to {a1[0]:.2f} ± {a1[1]:.2f} (paired difference {zeta[0]:+.2f}, 95% t interval [{zeta[1]:+.2f}, "
             f"{zeta[2]:+.2f}]). Its validation loss differs from the baseline's by {loss[0]:+.4f} "
-            f"[{loss[1]:+.4f}, {loss[2]:+.4f}]: {verdict}.")
+            f"[{loss[1]:+.4f}, {loss[2]:+.4f}]. {verdict}.")
 
 
 def plots(runs, seeds, values):
