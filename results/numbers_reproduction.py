@@ -5,6 +5,7 @@ same seed: the same initialisation and data order) with a two-sided 95% t interv
 degrees of freedom); the 600-step runs of two seeds; the drift other CPUs gave (other_cpus.json); the quick start's
 fresh-clone run. results/collect.py writes them; plots() draws the seed study's two figures.
 """
+import functools
 import glob
 import json
 import math
@@ -146,8 +147,9 @@ def plots(runs, seeds, values):
     plt.close(fig)
 
 
+@functools.cache
 def seed_study():
-    """(runs, seeds, values) of the seed study: every block of it reads these."""
+    """(runs, seeds, values) of the seed study, read once: every block of it reads these."""
     runs = seed_runs()
     return (runs, *stats(runs))
 
