@@ -2,6 +2,7 @@
 The numbers README.md and docs/retrofit.md quote about the retrofit of SmolLM2-135M-Instruct, from results/retrofit/:
 before.json, after_*.json, the runs' logs and the checkpoints' profiles (one run each).
 """
+import functools
 import json
 import os
 
@@ -11,12 +12,20 @@ RETRO_RUNS = {"before": "source (step 0)", "after_base": "base (λ = 0, step 120
               "after_jreg_normed": "jreg_normed (λ = 1 on normed h_L, step 120)"}
 
 
+@functools.cache
+def retrofit_runs():
+    """{name: run json} of before/after_*, and {run: {step: eval}} of the runs' logs, read once."""
+    runs = {n: json.load(open(os.path.join(RETRO, f"{n}.json"))) for n in RETRO_RUNS}
+    evals = {run: {r["step"]: r for r in map(json.loads, open(os.path.join(RETRO, f"{run}_log.jsonl")))
+                   if "val_loss" in r} for run in ("base", "jreg", "jreg_normed")}
+    return runs, evals
+
+
 def retrofit_finding():
     """SmolLM2-135M-Instruct before and after 245,760 tokens of continued pre-training on the KJV (one run each), on
     the same 16,384 KJV validation tokens in its own tokenizer (windows of 256) and the same 8 tasks (50 documents
     each): results/retrofit/."""
-    load = lambda name: json.load(open(os.path.join(ROOT, "results", "retrofit", f"{name}.json")))   # noqa: E731
-    before, base, jreg, normed = (load(n) for n in ("before", "after_base", "after_jreg", "after_jreg_normed"))
+    before, base, jreg, normed = retrofit_runs()[0].values()
     z = lambda r, key="zeta": r["profile"][key][-1]                                                   # noqa: E731
     loss = lambda r: r["profile"]["loss"] - base["profile"]["loss"]                                  # noqa: E731
     acc = lambda r: r["average"]["acc"] - before["average"]["acc"]                                   # noqa: E731
@@ -34,7 +43,7 @@ def retrofit_table():
     lines = ["| model | val loss | Ψ_L raw | Ψ_L normed | ζ_L raw | ζ_(L−2) raw | ζ_L normed | mean acc (8 tasks) | "
              "mean acc_norm (5) |", "|---" * 9 + "|"]
     for name, label in RETRO_RUNS.items():
-        r = json.load(open(os.path.join(RETRO, f"{name}.json")))
+        r = retrofit_runs()[0][name]
         p, a = r["profile"], r["average"]
         lines.append(f"| {label} | {p['loss']:.4f} | {p['psi'][-1]:.4f} | {p['psi_normed'][-1]:.4f} | "
                      f"{p['zeta'][-1]:.2f} | {p['zeta'][-3]:.2f} | {p['zeta_normed'][-1]:.2f} | {a['acc']:.4f} | "
@@ -45,8 +54,7 @@ def retrofit_table():
 def retrofit_training():
     """Each run's own evals (val loss; ζ_L in the run's penalty convention) and its checkpoints' profiles (the other
     convention), step 0 being the source."""
-    evals = {run: {r["step"]: r for r in map(json.loads, open(os.path.join(RETRO, f"{run}_log.jsonl")))
-                   if "val_loss" in r} for run in ("base", "jreg", "jreg_normed")}
+    evals = retrofit_runs()[1]
     models = json.load(open(os.path.join(RETRO, "profiles.json")))["models"]
     source = next(m["profile"] for name, m in models.items() if name.endswith(".gguf"))
     ckpts = {run: {c["step"]: c for c in models[run]["profile_checkpoints"]} for run in ("base", "jreg")}
@@ -66,7 +74,7 @@ def retrofit_training():
 
 
 def retrofit_tasks():
-    runs = {name: json.load(open(os.path.join(RETRO, f"{name}.json")))["results"] for name in RETRO_RUNS}
+    runs = {name: r["results"] for name, r in retrofit_runs()[0].items()}
     rates = json.load(open(os.path.join(ROOT, "results", "task_rates_50.json")))["rates"]
     lines = ["| task | source | base | jreg | jreg_normed | chance | majority |", "|---" * 7 + "|"]
     for task in runs["before"]:
@@ -81,14 +89,6 @@ def retrofit_tasks():
     return "\n".join(lines) + ("\n\nChance and majority: `results/task_rates_50.json` (`results/task_rates.py`). "
                                f"Always answering \"no\" scores {always_no:.2f} on BoolQ's 50 documents; the four models "
                                f"score {min(boolq.values()):.2f}–{max(boolq.values()):.2f}.")
-
-
-def retrofit_runs():
-    """{name: run json} of before/after_*, and {run: {step: eval}} of the runs' logs."""
-    runs = {n: json.load(open(os.path.join(RETRO, f"{n}.json"))) for n in RETRO_RUNS}
-    evals = {run: {r["step"]: r for r in map(json.loads, open(os.path.join(RETRO, f"{run}_log.jsonl")))
-                   if "val_loss" in r} for run in ("base", "jreg", "jreg_normed")}
-    return runs, evals
 
 
 def retrofit_exit(layers=(24, 29, 30)):

@@ -26,6 +26,7 @@ runs) and kjv/zeta_over_checkpoints.png (evaluate.py --all_ckpts of out/kjv/base
 600-step baseline of one seed; the seed study's ζ over training, every seed, is kjv/zeta_over_training.png).
 """
 import argparse
+import functools
 import json
 import os
 import sys
@@ -87,6 +88,11 @@ FIGURES = {     # folder in results/: (its JSON files, or {PNG: its JSON files};
 }
 
 
+@functools.cache
+def task_rates(name):
+    return load(name)["rates"]
+
+
 def with_majority(exits):
     """Results made before evaluate.py recorded each task's majority-class rate get it from results/task_rates_N.json:
     the rates of the same first N documents (results/task_rates.py), drawn beside chance."""
@@ -94,7 +100,7 @@ def with_majority(exits):
         for task, r in entry["results"].items():
             rates = f"task_rates_{r.get('n')}.json"
             if "acc" in r and "majority" not in r and os.path.exists(os.path.join(RESULTS, rates)):
-                r["majority"] = load(rates)["rates"][task]["majority"]
+                r["majority"] = task_rates(rates)[task]["majority"]
     return exits
 
 
