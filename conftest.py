@@ -8,6 +8,14 @@ import pytest
 import torch
 
 
+def assert_close_ulps(actual, expected, ulps=16):
+    """actual equals expected up to `ulps` units in the last place of their dtype at expected's largest magnitude.
+    For the same numbers computed by different kernels (other shapes, another code path, thread count or CPU), which
+    may round differently in the last bits; the same kernels on the same shapes are compared with torch.equal."""
+    tol = ulps * torch.finfo(expected.dtype).eps * expected.detach().abs().max().item()
+    torch.testing.assert_close(actual, expected, rtol=0, atol=tol)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models run fastest on one thread, and do not fight other processes for the cores

@@ -111,12 +111,15 @@ def test_python3_is_used_when_python_lacks_torch_and_no_gpu_is_one_line(tmp_path
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     stub(bin_, "python")                                              # python without torch: python3 is chosen
-    os.symlink(sys.executable, bin_ / "python3")
+    # python3 runs this Python by its own path (a symlink to a virtual environment's python would start the base
+    # interpreter, which may lack torch), and leaves a mark that it was called
+    stub(bin_, "python3", f'#!/bin/sh\ntouch "{tmp_path}/python3_called"\nexec "{sys.executable}" "$@"\n')
     done = gpu_check(tmp_path, timeout=120, path=f"{bin_}:/usr/bin:/bin", CUDA_VISIBLE_DEVICES="")
     assert done.returncode == 1
     assert done.stderr.startswith("error: no CUDA GPU visible to python3") and done.stderr.count("\n") == 1
     env = (tmp_path / "out" / "env.txt").read_text()
-    assert env.startswith("torch ") and f"({bin_}/python3)" in env and "GPU none" in env
+    assert env.startswith("torch ") and f"({sys.executable})" in env and "GPU none" in env
+    assert (tmp_path / "python3_called").exists()
     assert not (tmp_path / "work" / "170m_jreg").exists()
 
 

@@ -104,7 +104,8 @@ def test_survey_of_three_families_table_json_and_plot(folders, tmp_path, capsys,
     llama = res["models"][dirs[2]]
     assert llama["source"]["class"] == "LlamaForCausalLM" and llama["n_layer"] == 5
     printed = capsys.readouterr().out
-    rows = [line for line in printed.splitlines() if line.startswith(f"| {folders}")]
+    shown = {survey.table({d: res["models"][d]}).splitlines()[-1].split(" | ")[0] for d in dirs}  # long paths: their end
+    rows = [line for line in printed.splitlines() if line.split(" | ")[0] in shown]
     zetas = [float(line.split(" | ")[4]) for line in rows]
     assert len(rows) == 3 and zetas == sorted(zetas, reverse=True)          # sorted by ζ_L (raw), largest first
     assert (plots / "psi_profiles.png").stat().st_size > 1000
