@@ -19,8 +19,8 @@ NUMBER = re.compile(r"^[\d,]+(\.\d+)?$")
 def gpu_check(tmp_path, timeout=600, path=None, **env):
     env = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), **env}
     env.pop("RANK", None)
-    if path:
-        env["PATH"] = path
+    # the script's `python` is the one running the tests, whether or not its environment is activated
+    env["PATH"] = path or f"{os.path.dirname(sys.executable)}{os.pathsep}{env.get('PATH', '')}"
     return subprocess.run(["bash", SCRIPT], env=env, capture_output=True, text=True, timeout=timeout)
 
 
