@@ -9,6 +9,7 @@ import torch
 import config as CF
 from jreg import JregObjective, Profile, displacement, jreg_penalty, jump_rate, layer_weights, streams
 from model import Llama, LlamaConfig, PRESETS
+from conftest import assert_close_ulps
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -276,7 +277,10 @@ def test_an_edit_to_the_head_reaches_the_training_loss():
     model.lm_head = head
     full = torch.nn.functional.cross_entropy(model(idx).logits.flatten(0, 1), y.flatten(), ignore_index=-1)
     chunked = model(idx, y).loss
-    assert abs(chunked.item() - plain) > 0.05 and torch.allclose(chunked, full, atol=1e-6)
+    assert abs(chunked.item() - plain) > 0.05
+    # other kernels: chunks of 7 positions and the closed-form log-sum-exp vs F.cross_entropy over all 20, summed in
+    # another order: equal up to rounding. 16 ulps of the loss (~5): a 20-term mean's last bits; the edit moves it 0.05
+    assert_close_ulps(chunked, full, ulps=16)
     grads = [torch.autograd.grad(loss, [head.weight, head.bias, model.layers[0].mlp.up_proj.weight])
              for loss in (full, model(idx, y).loss)]
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
@@ -405,6 +409,8 @@ def test_compiled_forward_matches_eager():
     for a, b in zip(out_c.hidden_states, out_e.hidden_states):
         assert torch.allclose(a, b, atol=1e-5)
     loss_c, loss_e = torch.compile(model)(idx, idx).loss, model(idx, idx).loss   # the loss's chunks run compiled
-    assert torch.allclose(loss_c, loss_e, atol=1e-6)
+    # inductor's generated kernels (their vector width and reduction order depend on the CPU) vs eager: equal up to
+    # rounding. 16 ulps of the loss (~4.6; atol 1e-6 was under 2 ulps there): a mean over 32 positions' last bits
+    assert_close_ulps(loss_c, loss_e, ulps=16)
     grads = [torch.autograd.grad(loss, list(model.parameters())) for loss in (loss_c, loss_e)]
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(*grads))

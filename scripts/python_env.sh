@@ -29,7 +29,8 @@ else
 fi
 export PATH="$(dirname "$PY"):$PATH"
 [[ $PY == "$PWD/.venv/bin/python" ]] && export VIRTUAL_ENV=$PWD/.venv
-install_torch() {         # the CPU wheel where no torch imports; any torch already there stays
-  "$PY" -c "import torch" 2> /dev/null ||
-    "$PY" -m pip install -q "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+install_torch() {         # the CPU wheel where no torch imports (its dependencies from the usual index); any torch stays
+  "$PY" -c "import torch" 2> /dev/null && return
+  "$PY" -m pip install -q --no-deps "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+  "$PY" -m pip install -q "torch==2.13.0"
 }

@@ -22,6 +22,7 @@ import config as CF
 import jreg
 import model as M
 import train
+from conftest import assert_close_ulps
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 DOC = os.path.join(HERE, "docs", "ablations.md")
@@ -142,7 +143,10 @@ def test_final_norm_last_layer_is_configuration_only(tmp_path):
         out = model(*batch[:2])
         h = out.hidden_states[:-1] + [model.norm(out.hidden_states[-1])]
         psi_L = ((1 - F.cosine_similarity(h[-2], h[-1], dim=-1)) / 2).mean()
-    assert torch.allclose(losses["last, normed h_L"], out.loss + cfg.jreg_lambda * psi_L, rtol=0, atol=1e-6)
+    # other kernels: the training step's closed-form log-sum-exp (with gradients) vs the no-grad F.cross_entropy, and
+    # F.cosine_similarity vs jreg.displacement: equal up to rounding. 16 ulps of the loss (~5.9; 1e-6 was 1.4 ulps):
+    # a mean over 64 positions plus Ψ_L; the other objectives differ by 1e-2 or more
+    assert_close_ulps(losses["last, normed h_L"], out.loss + cfg.jreg_lambda * psi_L, ulps=16)
     edit = losses.pop("last, normed h_L")
     assert all(abs(edit - other) > 1e-2 for other in losses.values()), (edit, losses)
     assert losses["kjv_jreg"] != losses["last, raw h_L"]          # close: at init, Ψ_l differs little across layers

@@ -489,8 +489,13 @@ def test_early_exit_full_depth_is_the_normal_evaluation_and_layer_l_is_the_model
         for t in EXIT_TASKS:
             assert got[t] == pytest.approx(expected[t], rel=1e-5, abs=1e-6), (l, t)
     one_by_one = TK.evaluate_tasks(lm, EXIT_TASKS, data_dir=data_dir, batch_size=1, progress=False, exits=[1])
-    for t in EXIT_TASKS:                                                  # batching does not matter
-        assert one_by_one["early_exit"][0]["results"][t] == pytest.approx(out["early_exit"][1]["results"][t]), t
+    # batching does not matter, up to rounding: batches of 1 and 3 (right-padded) are other matmul shapes, whose fp32
+    # log-probabilities may differ in the last bits. A perplexity's relative error is the mean log-likelihood's
+    # absolute one: 1e-5, a few ulps of per-token log-probabilities of magnitude ~10 (pytest.approx's default 1e-6 is
+    # half an ulp there: this CPU gives 9.5e-7 on LAMBADA). acc and acc_norm stay exact: counts (no near-ties here).
+    for t in EXIT_TASKS:
+        assert one_by_one["early_exit"][0]["results"][t] == pytest.approx(out["early_exit"][1]["results"][t],
+                                                                          rel=1e-5), t
 
 
 def test_early_exit_through_hooks_matches_the_converted_llama(data_dir):
