@@ -269,7 +269,8 @@ def cpu_drift():
 
 def determinism():
     final, _, _, zeta, n = cpu_drift()
-    return (f"**Determinism.** Bit-exact on the same CPU and code (any thread count); {n} other CPUs moved the final "
+    return (f"**Determinism.** Bit-exact on the same CPU, code and thread count (a resumed run too; the tests check "
+            f"it); {n} other CPUs moved the final "
             f"validation loss by up to {final:.4f} and ζ_L by up to {zeta:.2f} (600-step runs), less than the seed "
             f"does: [reproduction](docs/reproduction.md#which-digits-are-exact).")
 
