@@ -28,6 +28,8 @@ class Config:
     fsdp: bool = False              # FSDP2 (fully_shard) instead of DDP: shards parameters and optimizer state
     fsdp_param_dtype: str = "float32"   # FSDP2 gathers weights in: float32 (as DDP) | bfloat16 (half the bytes)
     activation_checkpointing: bool = False   # recompute each block in the backward pass instead of storing it
+    loss_chunk: int = 8192          # positions per chunk of the loss: one chunk's logits live at a time, and each
+                                    # chunk adds its head gradient into the sum (fewer chunks: fewer of those passes)
     dist_timeout_min: int = 30      # torch.distributed timeout: ranks wait this long for rank 0's checkpoint write
     # data: token shards of prepare_fineweb.py (pre-training) or conversations of prepare_sft.py (fine-tuning, packed)
     data_dir: str = "data/fineweb_edu"   # a folder of prepare_fineweb.py or prepare_sft.py
@@ -82,11 +84,12 @@ class Config:
 
 # settings that may differ when a run is resumed (recorded in config.json's history); all others must match
 RESUMABLE = {"max_steps", "epochs", "device", "dtype", "compile", "fsdp", "fsdp_param_dtype", "activation_checkpointing",
+             "loss_chunk",
              "dist_timeout_min", "micro_batch", "lr", "min_lr_ratio", "warmup_steps", "warmup_ratio", "grad_clip",
              "max_bad_steps", "log_interval", "eval_interval", "eval_batches", "ckpt_interval", "keep_ckpts",
              "keep_every", "sharded_ckpt", "async_ckpt", "wandb_project", "wandb_run_name"}
 # the value a checkpoint written before a setting existed was trained with, where that is not today's default
-BEFORE = {"decay_embeddings": True}
+BEFORE = {"decay_embeddings": True, "loss_chunk": 1024}
 
 
 def usage():
@@ -184,7 +187,7 @@ def check_config(cfg):
         if not ok:
             fail(f"config key {key!r} = {getattr(cfg, key)!r}: {what}")
     for key in ("batch_tokens", "micro_batch", "seq_len", "log_interval", "eval_batches", "ckpt_interval",
-                "keep_ckpts", "max_steps", "dist_timeout_min"):
+                "keep_ckpts", "max_steps", "dist_timeout_min", "loss_chunk"):
         need(getattr(cfg, key) >= 1, key, "must be at least 1")
     for key in ("seed", "warmup_steps", "eval_interval", "max_bad_steps", "keep_every"):
         need(getattr(cfg, key) >= 0, key, "must be 0 or more")

@@ -8,15 +8,19 @@ the device, and the run's record of its machine.
     list_checkpoints(out_dir) -> [(step, path)]                   # complete checkpoints, oldest first
 
 A checkpoint ckpt_NNNNNNN.pt holds the unwrapped model, the optimizer, model_config, config, the tokenizer's tag
-(data.tokenizer_tag: a Hugging Face one with its fingerprint), step, tokens, the data position and identity, and the
-RNG states; written to a temporary file and renamed, never with non-finite weights.
+(data.tokenizer_tag: a Hugging Face one with its fingerprint), step, tokens, the data position and identity: tensors
+and plain values only, read with weights_only=True (a file that needs more is refused; loading it runs no code); written
+to a temporary file and renamed, never with non-finite weights.
 With sharded_ckpt it is a folder ckpt_NNNNNNN/ instead: each rank's shard of the model and optimizer
 (torch.distributed.checkpoint), their index .metadata, and the rest in meta.pt; it resumes on any number of processes.
+torch.distributed.checkpoint reads .metadata with pickle: a sharded checkpoint is trusted input, as a config file is;
+share weights as scripts/export.py writes them (safetensors).
 """
 import argparse
 import dataclasses
 import json
 import os
+import pickle
 import platform
 import re
 import shutil
@@ -46,8 +50,9 @@ class Run:
         run.restore(model, optimizer)             # the checkpoint's weights and optimizer state, if there is one
         run.start(device, model)                  # config.json, run_info.json, log.jsonl cut back; W&B
         run.log(record)                           # a record in log.jsonl (and W&B), its line on stdout: rank 0
+        run.stop_requested()                      # this process got SIGTERM / SIGINT (the loop shares it in a step)
         run.count_bad_steps(applied, step, ...)   # a non-finite step logged; too many in a row end the run
-        run.checkpoint(step, model, optimizer, seq_index)   # when due, or stopped: saved; True to stop the loop
+        run.checkpoint(step, model, optimizer, seq_index, stop)   # when due, or stopping: saved; True: the loop ends
         run.close()                               # an async save in flight is published
     """
 
@@ -109,13 +114,14 @@ class Run:
             print(line, flush=True)
 
     def count_bad_steps(self, applied, step, seq_index, loss, grad_norm, lr):
-        """A step not applied had a non-finite loss or gradient norm: nothing of it was applied and the data moves on
-        past its batch (sequences seq_index on). It is logged; the bad-th in a row beyond max_bad_steps ends the run,
-        naming the last checkpoint and a change that resume accepts."""
+        """A step not applied had a non-finite loss or gradient norm (tensors, read only then): nothing of it was
+        applied and the data moves on past its batch (sequences seq_index on). It is logged; the bad-th in a row beyond
+        max_bad_steps ends the run, naming the last checkpoint and a change that resume accepts."""
         cfg, self.bad = self.cfg, 0 if applied else self.bad + 1
         bad = self.bad
         if applied:
             return
+        loss, grad_norm = loss.item(), grad_norm.item()
         if bad > cfg.max_bad_steps:
             finish_checkpoint()                                           # an async save in flight is published
             last = list_checkpoints(cfg.out_dir)
@@ -129,13 +135,14 @@ class Run:
                  f"step {step:6d} | skipped: non-finite loss {loss} or gradient norm {grad_norm}, data from sequence "
                  f"{seq_index} | {bad} in a row (max_bad_steps = {cfg.max_bad_steps})")
 
-    def checkpoint(self, step, model, optimizer, seq_index):
-        """Save at every ckpt_interval, at max_steps, and when a process got SIGTERM / SIGINT (then True: stop)."""
-        cfg, device = self.cfg, next(model.parameters()).device
-        stopping = torch.tensor(float(bool(STOP)), device=device)
-        if dist.is_initialized():
-            dist.all_reduce(stopping, op=dist.ReduceOp.MAX)               # every process stops at the same step
-        stop = bool(stopping.item())
+    def stop_requested(self):
+        """Whether this process got SIGTERM / SIGINT since the run started (the loop shares it in the step's stats)."""
+        return bool(STOP)
+
+    def checkpoint(self, step, model, optimizer, seq_index, stop=False):
+        """Save at every ckpt_interval, at max_steps, and when some process was asked to stop (stop, the same on every
+        process: then True, the loop ends)."""
+        cfg = self.cfg
         if step % cfg.ckpt_interval == 0 or step == cfg.max_steps or stop:
             save_checkpoint(cfg, step, model, optimizer, seq_index, self.data_id)
         if stop and self.master:
@@ -186,7 +193,7 @@ def list_checkpoints(out_dir):
 
 
 def load_checkpoint(path):
-    """The checkpoint dict: model, optimizer, model_config, config, tokenizer_tag, step, tokens, data_state, rng. A
+    """The checkpoint dict: model, optimizer, model_config, config, tokenizer_tag, step, tokens, data_state. A
     file is memory-mapped, so the ranks of one node share a copy in the page cache; a sharded folder gives its record
     with model and optimizer None and "sharded" its path (model_state reads its weights, restore all of it)."""
     sharded = os.path.isdir(path)
@@ -194,7 +201,10 @@ def load_checkpoint(path):
         if sharded and not os.path.isfile(os.path.join(path, ".metadata")):
             raise FileNotFoundError("incomplete: no .metadata (the shards' index)")
         ckpt = torch.load(os.path.join(path, "meta.pt") if sharded else path, map_location="cpu",
-                          weights_only=False, mmap=not sharded)
+                          weights_only=True, mmap=not sharded)   # tensors and plain values only: loading runs no code
+    except pickle.UnpicklingError as e:
+        fail(f"refused checkpoint {path}: it holds objects other than tensors and plain values, which only a full "
+             f"unpickling would build, and that can run any code (ours never hold one): {one_line(e, 120)}")
     except Exception as e:
         fail(f"cannot read checkpoint {path}: {one_line(e)}")
     return {**ckpt, "model": None, "optimizer": None, "sharded": path} if sharded else ckpt
@@ -220,9 +230,13 @@ PENDING = []   # an async sharded save in flight: (future, its .tmp folder, its 
 
 def finish_checkpoint():
     """Wait for the async save in flight, if any, and give it its final name."""
+    from torch.distributed.checkpoint.api import CheckpointException
     while PENDING:
         future, tmp, path, cfg = PENDING.pop()
-        future.result()
+        try:
+            future.result()
+        except (OSError, RuntimeError, CheckpointException) as e:
+            cannot_write(cfg, path, e, partial=tmp)
         publish(tmp, path, cfg)
 
 
@@ -247,7 +261,7 @@ def prune(cfg):
 
 
 def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
-    """The model, optimizer, data position and identity (data_identity) and RNG states of `step`. By default rank 0
+    """The model, optimizer, data position and identity (data_identity) of `step`. By default rank 0
     writes the full (unsharded, uncompiled) state as one file; with sharded_ckpt each rank writes its own shard
     (torch.distributed.checkpoint) into a folder, in the background with async_ckpt. Either way it is written under a
     temporary name and renamed when whole. A model with a non-finite parameter is never saved."""
@@ -278,7 +292,7 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
         except (OSError, RuntimeError) as e:          # a full disk: torch's stream writer raises a RuntimeError
             with suppress(OSError):
                 os.remove(path + ".tmp")
-            fail(f"cannot write checkpoint {path}: {one_line(e)}. {last_good(cfg)}, once there is room")
+            cannot_write(cfg, path, e)
         os.replace(path + ".tmp", path)
         prune(cfg)
 
@@ -288,24 +302,43 @@ def last_good(cfg):
     return f"The last good checkpoint is {last[-1][1] if last else '(none)'}; rerun to resume from it"
 
 
+def cannot_write(cfg, path, e, partial=None):
+    """A checkpoint that could not be written (a full disk, say): its partial folder removed, one error line with the
+    free space and the last good checkpoint; what was there before (the log, that checkpoint) stays."""
+    if partial:
+        shutil.rmtree(partial, ignore_errors=True)
+    if failures := getattr(e, "failures", None):        # torch.distributed.checkpoint's: (error, trace) of each rank
+        e = next(iter(failures.values()))[0]
+    free = shutil.disk_usage(cfg.out_dir).free / 2**30
+    fail(f"cannot write checkpoint {path}: {one_line(e)}. {free:.1f} GiB free in {cfg.out_dir}. {last_good(cfg)}, "
+         "once there is room")
+
+
 def save_sharded(cfg, path, model, optimizer, meta, master):
     """Each rank writes its shard (torch.distributed.checkpoint) into path.tmp/, rank 0 also the record (meta.pt) and,
     last, the index of the shards (.metadata); once every rank is done, rank 0 renames it to path (finish_checkpoint).
     With async_ckpt the state is copied to CPU here and written while training goes on, on a gloo group of its own."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.api import CheckpointException    # a BaseException: every rank's errors
     tmp = path + ".tmp"
     if master:
         shutil.rmtree(tmp, ignore_errors=True)            # what a killed save left
-        os.makedirs(tmp)
-        torch.save(meta, os.path.join(tmp, "meta.pt"))
+        try:
+            os.makedirs(tmp)
+            torch.save(meta, os.path.join(tmp, "meta.pt"))
+        except (OSError, RuntimeError) as e:
+            cannot_write(cfg, path, e, partial=tmp)
     if dist.is_initialized():
         dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)   # DTensor shards under FSDP, the whole under DDP
     state = {"model": model_sd, "optimizer": optim_sd}
     if not cfg.async_ckpt:
-        with timed(f"writing checkpoint {path}"):
-            dcp.save(state, checkpoint_id=tmp, no_dist=not dist.is_initialized())
+        try:
+            with timed(f"writing checkpoint {path}"):
+                dcp.save(state, checkpoint_id=tmp, no_dist=not dist.is_initialized())
+        except (OSError, RuntimeError, CheckpointException) as e:   # every rank: dcp.save gathers the ranks' errors
+            cannot_write(cfg, path, e, partial=tmp)
         return publish(tmp, path, cfg)
     if dist.is_initialized() and "gloo" not in ASYNC_GROUP:   # created once, by every rank at the same point
         ASYNC_GROUP["gloo"] = dist.new_group(backend="gloo")

@@ -20,6 +20,7 @@ import time
 from contextlib import nullcontext
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -57,11 +58,15 @@ def data_streams(cfg, vocab_size, n_val, proc):
     return train, split_over_processes(x, y, mask, cfg.micro_batch, proc.rank, proc.world)
 
 
-def step_batches(train_data, seq_index, grad_accum, micro_batch, proc):
-    """This process's micro-batches of the global batch that starts at sequence seq_index: micro-batch m of process r
-    reads from sequence seq_index + (m · world + r) · micro_batch, so any split (1×8, 2×4, 8×1) reads the same batch."""
+def step_batches(train_data, seq_index, grad_accum, micro_batch, proc, device, skip_first):
+    """This process's micro-batches of the global batch that starts at sequence seq_index, on the device (copied from
+    pinned memory: the host goes on), and their token counts: micro-batch m of process r reads from sequence
+    seq_index + (m · world + r) · micro_batch, so any split (1×8, 2×4, 8×1) reads the same batch. The loop asks for a
+    step's batches while the device still works on the step before."""
     starts = [seq_index + (micro * proc.world + proc.rank) * micro_batch for micro in range(grad_accum)]
-    return [train_data.batch(start, micro_batch) for start in starts]
+    batches = [train_data.batch(start, micro_batch) for start in starts]
+    counts = torch.tensor([token_counts(batch, skip_first) for batch in batches])
+    return to_device(batches, device), to_device([(counts,)], device)[0][0]
 
 
 def grad_accum_steps(cfg, world):
@@ -90,7 +95,7 @@ def build_model(cfg, mcfg, device, init_sd):
     fp32 weights, bf16 matmuls from the loop's autocast, an fp32 residual stream. No weight decay on norms, biases or
     the token embedding (tied: the shared matrix) unless decay_embeddings; an untied head decays."""
     with torch.device(device):                          # no full CPU copy per process
-        model = Llama(mcfg, activation_checkpointing=cfg.activation_checkpointing)
+        model = Llama(mcfg, activation_checkpointing=cfg.activation_checkpointing, loss_chunk=cfg.loss_chunk)
     if init_sd is not None:
         model.load_state_dict(init_sd)
     if cfg.fsdp:
@@ -111,32 +116,33 @@ def build_model(cfg, mcfg, device, init_sd):
 @dataclasses.dataclass
 class StepStats:
     """Means over the global batch, averaged over processes: cross-entropy, penalty Σ_l w_l Ψ_l, the loss
-    CE + λ · penalty, and Ψ_1..Ψ_L."""
+    CE + λ · penalty, and Ψ_1..Ψ_L; and how many processes were asked to stop."""
     ce: torch.Tensor
     penalty: torch.Tensor
     loss: torch.Tensor
     psi: torch.Tensor
+    stopping: torch.Tensor
 
 
 def token_counts(batch, skip_first):
-    """(targets predicted, tokens Ψ averages over) of a micro-batch (x, y, mask or None)."""
+    """(targets predicted, tokens Ψ averages over) of a micro-batch (x, y, mask or None) on the host, by numpy."""
     x, y, mask = batch
-    mask = torch.ones_like(x, dtype=torch.bool) if mask is None else mask
-    return [(y != -1).sum().item(), mask[:, int(skip_first):].sum().item()]
+    counted = x.shape[0] * (x.shape[1] - int(skip_first)) if mask is None else mask[:, int(skip_first):].numpy().sum()
+    return [int(np.count_nonzero(y.numpy() != -1)), int(counted)]
 
 
-def train_step(objective, batches, cfg, device, autocast, set_gradient_sync):
-    """Forward and backward of a step's micro-batches. CE and Ψ are means over the whole global batch (its targets,
-    its counted tokens), whatever the micro-batching and the number of processes: each micro-batch's share of them
-    scales its loss."""
-    counts = torch.tensor([token_counts(batch, cfg.jreg_skip_first) for batch in batches], device=device)
+def train_step(objective, batches, counts, cfg, autocast, set_gradient_sync, stop):
+    """Forward and backward of a step's micro-batches (on the device; counts: their token counts). CE and Ψ are means
+    over the whole global batch (its targets, its counted tokens), whatever the micro-batching and the number of
+    processes: each micro-batch's share of them scales its loss. stop: whether this process was asked to stop (a
+    signal); the processes asking are counted in the stats' all-reduce, so no step needs a collective of its own."""
     totals = counts.sum(0)
     if dist.is_initialized():
         dist.all_reduce(totals)
     world = dist.get_world_size() if dist.is_initialized() else 1
     shares = counts * world / totals.clamp(min=1)                 # × world: DDP averages gradients over processes
     ce_sum, penalty_sum, loss_sum, psi_sum = 0.0, 0.0, 0.0, 0.0
-    for micro, (x, y, mask) in enumerate(to_device(batches, device)):
+    for micro, (x, y, mask) in enumerate(batches):
         set_gradient_sync(micro == len(batches) - 1)              # all-reduced once, after the last micro-batch
         with autocast:
             ce, penalty, psi = objective(x, y, mask)              # one forward: CE, Σ_l w_l Ψ_l, Ψ_1..Ψ_L
@@ -145,18 +151,21 @@ def train_step(objective, batches, cfg, device, autocast, set_gradient_sync):
         loss.backward()
         ce_sum, penalty_sum = ce_sum + ce.detach() * ce_share, penalty_sum + penalty.detach() * psi_share
         loss_sum, psi_sum = loss_sum + loss.detach(), psi_sum + psi * psi_share
-    stats = torch.cat([torch.stack([ce_sum, penalty_sum, loss_sum]), psi_sum]) / world
+    stopping = psi_sum.new_full((1,), float(stop) * world)       # summed: the processes asked to stop
+    stats = torch.cat([torch.stack([ce_sum, penalty_sum, loss_sum]), psi_sum, stopping]) / world
     if dist.is_initialized():
         dist.all_reduce(stats)
-    return StepStats(*stats[:3], stats[3:])
+    return StepStats(*stats[:3], stats[3:-1], stats[-1])
 
 
 @torch.no_grad()
 def validate(model, val_batches, cfg, device, autocast):
-    """Validation loss and Ψ / ζ (in the penalty's convention) on the fixed validation windows, over all processes."""
+    """Validation loss and Ψ / ζ (in the penalty's convention) on the fixed validation windows, over all processes.
+    Eager, also where FSDP compiled the blocks in place: no-grad mode and a last, ragged micro-batch would each compile
+    them again (minutes at the paper's sizes, for seconds of validation)."""
     model.eval()
     profile = Profile()
-    with autocast:
+    with autocast, torch.compiler.set_stance("force_eager"):
         for x, y, mask in to_device(val_batches, device):
             out = model(x, y)                                     # the chunked loss: no full logits held
             n = (y != -1).sum()                                   # 0 in a micro-batch of padding windows only
@@ -221,21 +230,25 @@ def main(argv):
     forward = torch.compile(objective) if cfg.compile and not cfg.fsdp else objective
     flops_per_step, (_, peak) = model.flops_per_token(cfg.seq_len) * cfg.batch_tokens, peak_flops(device)
 
-    # ---- the loop
+    # ---- the loop: one wait for the device a step (whether to apply it), outside logging, eval and checkpoint steps
     if step == 0 and cfg.eval_interval > 0:
         run.log({"step": 0, "tokens": 0, **validate(model, val_batches, cfg, device, autocast)}, quiet=True)
+    def batches_at(first):                           # a step's micro-batches on the device, and their token counts
+        return step_batches(train_data, first, grad_accum, cfg.micro_batch, proc, device, cfg.jreg_skip_first)
+    batches, counts = batches_at(seq_index)
     while step < cfg.max_steps:
         t0, lr = time.time(), lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batches = step_batches(train_data, seq_index, grad_accum, cfg.micro_batch, proc)
-        stats = train_step(forward, batches, cfg, device, autocast, set_gradient_sync)
+        stats = train_step(forward, batches, counts, cfg, autocast, set_gradient_sync, run.stop_requested())
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        applied = bool(torch.isfinite(stats.loss) and torch.isfinite(grad_norm))   # the same on every process
+        batches, counts = batches_at(seq_index + seqs_per_step)   # the next step's, read while the device works
+        finite = torch.isfinite(stats.loss) & torch.isfinite(grad_norm)
+        applied, stop = torch.stack([finite, stats.stopping > 0]).tolist()   # the wait; the same on every process
         if applied:
             optimizer.step()                                    # never a step on non-finite numbers
-        run.count_bad_steps(applied, step + 1, seq_index, stats.loss.item(), grad_norm.item(), lr)
+        run.count_bad_steps(applied, step + 1, seq_index, stats.loss, grad_norm, lr)
         optimizer.zero_grad(set_to_none=True)
         seq_index += seqs_per_step                              # past the batch, applied or skipped
         step += 1
@@ -251,7 +264,7 @@ def main(argv):
         if cfg.eval_interval > 0 and (step % cfg.eval_interval == 0 or step == cfg.max_steps):
             run.log({"step": step, "tokens": step * cfg.batch_tokens, **validate(model, val_batches, cfg, device,
                                                                                   autocast)})
-        if run.checkpoint(step, model, optimizer, seq_index):
+        if run.checkpoint(step, model, optimizer, seq_index, stop):
             break                                               # stopped by a signal, its checkpoint saved
 
     # ---- teardown

@@ -15,6 +15,7 @@ max_steps = 600
 warmup_steps = 50
 lr = 3e-3
 decay_embeddings = True        # weight decay on the embedding too, as the committed KJV results were made
+loss_chunk = 1024              # the loss in chunks of 1024 positions, as the committed KJV results were made
 eval_interval = 50             # Ψ and ζ over training, in log.jsonl
 eval_batches = 8
 ckpt_interval = 50             # every checkpoint kept, for ζ_L over training

@@ -15,6 +15,7 @@ compile = False
 seq_len = 256
 batch_tokens = 2048            # 8 sequences x 256 tokens
 micro_batch = 8
+loss_chunk = 1024              # as the committed results (results/retrofit/) were made
 max_steps = 120
 warmup_steps = 10
 lr = 1e-4                      # a continued pre-training rate, well under SmolLM2's 3e-3 peak

@@ -12,6 +12,7 @@ compile = False
 batch_tokens = 8192            # 16 sequences x 512 tokens
 seq_len = 512
 micro_batch = 16
+loss_chunk = 1024              # as the committed results (results/sft_kjv/) were made
 max_steps = 200                # about 0.24 epoch of the packed windows (13,401 conversations)
 lr = 1e-3
 warmup_ratio = 0.03

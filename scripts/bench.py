@@ -7,6 +7,9 @@ Speed, measured side by side in one run (ratios, not absolute claims). Random to
     python -m scripts.bench --generate --micro_batch 1 --prompt_len 128   # generation: KV cache vs recomputation
     python -m scripts.bench --memory_probe --loss_chunk 128   # peak memory, measured beside estimate(): full vs chunked loss,
                                                       # blocks stored vs checkpointed; and their step times
+    python -m scripts.bench --loss_chunks 1024 8192 --preset 170m --micro_batch 4 --seq_len 2048
+                                                      # the loss alone (head + cross-entropy, forward + backward) at
+                                                      # each chunk size: step time and bytes per logit
     python -m scripts.bench --memory configs/1b_jreg.py --world 8 [--fsdp] [--compile] [--checkpointing]
                                                       # the predicted peak per GPU of a config, by part
     python -m scripts.bench --against 9146661 --compile       # the training forward + backward of model.py now vs at a git
@@ -188,6 +191,40 @@ def fwd_bwd(run, x, y, autocast, full=False):
     return fn
 
 
+def bench_loss_chunks(mcfg, device, args, autocast, y):
+    """--loss_chunks: the loss as training runs it (lm_head and cross-entropy through ChunkedCrossEntropy, forward +
+    backward into allocated gradients) at each chunk size, interleaved: step time, and the measured peak beyond the
+    weights and gradients per logit of the micro-batch. Each chunk writes one fresh fp32 gradient of the head and adds
+    it into the sum: chunks x 4 x the head's fp32 bytes of memory traffic, shown beside."""
+    head = torch.nn.Linear(mcfg.d_model, mcfg.vocab_size, bias=False, device=device)
+    head.weight.grad = torch.zeros_like(head.weight)
+    h = torch.randn(args.micro_batch, args.seq_len, mcfg.d_model, device=device, requires_grad=True)
+    h.grad, n = torch.zeros_like(h), y.numel()
+
+    def step(rows):
+        loss_fn = ChunkedCrossEntropy(rows)
+
+        def run():
+            with autocast:
+                loss = loss_fn(head, h, y)
+            loss.backward()
+        return run
+    steps = {rows: step(rows) for rows in args.loss_chunks}
+    t = race(steps, device, args.warmup, args.repeats)
+    print(f"the loss alone, {args.preset} width: d={mcfg.d_model}, vocab {mcfg.vocab_size} | {args.micro_batch}x"
+          f"{args.seq_len} = {n} positions | {device} {args.dtype}")
+    first, table = args.loss_chunks[0], {}
+    for rows in args.loss_chunks:
+        chunks = -(-n // rows)
+        table[rows] = {"chunks": chunks, "ms": 1e3 * t[rows], "bytes_per_logit": measured_peak(steps[rows], device)
+                       / (n * mcfg.vocab_size), "head_grad_traffic_gb": chunks * 4 * head.weight.numel() * 4 / 1e9}
+        r = table[rows]
+        print(f"chunk {rows:6d} ({chunks:3d} chunks)  {r['ms']:9.1f} ms  speed vs chunk {first}: "
+              f"{t[first] / t[rows]:.3f}x  {r['bytes_per_logit']:.2f} bytes per logit  head-gradient traffic "
+              f"{r['head_grad_traffic_gb']:.2f} GB")
+    RESULTS.update(loss_chunks=table)
+
+
 def bench_memory(mcfg, device, args, autocast, x, y):
     """--memory_probe: measured peaks beside estimate()'s, and step times, of one λ = 1 training step (forward +
     backward, gradients already allocated): the full-logits loss vs the chunked one, blocks stored vs checkpointed."""
@@ -299,8 +336,8 @@ def memory_table(args):
 
         def total(micro_batch, ckpt):
             accum = cfg.batch_tokens // (cfg.seq_len * micro_batch * args.world)
-            return estimate(mcfg, micro_batch, cfg.seq_len, mode, ckpt, compiled=compiled, jreg=cfg.jreg_lambda > 0,
-                            world=args.world, fsdp=fsdp, grad_accum=accum), accum
+            return estimate(mcfg, micro_batch, cfg.seq_len, mode, ckpt, loss_chunk=cfg.loss_chunk, compiled=compiled,
+                            jreg=cfg.jreg_lambda > 0, world=args.world, fsdp=fsdp, grad_accum=accum), accum
         est, accum = total(cfg.micro_batch, ckpt)
         if accum * cfg.seq_len * cfg.micro_batch * args.world != cfg.batch_tokens:
             raise SystemExit(f"error: {path}: batch_tokens {cfg.batch_tokens} is not a multiple of seq_len · "
@@ -358,6 +395,8 @@ def parse_args(argv=None):
     p.add_argument("--gpu_gib", type=gib, default=79.6, help="--memory: a GPU's memory (an 80 GB H100: 79.6 GiB)")
     p.add_argument("--loss_chunk", type=int_at_least(1), default=1024,
                    help="--memory_probe: positions per chunk of the loss")
+    p.add_argument("--loss_chunks", type=int_at_least(1), nargs="+", metavar="ROWS",
+                   help="the loss alone at each of these chunk sizes: step time and bytes per logit")
     p.add_argument("--threads", type=int_at_least(0), default=0, help="CPU threads (0: torch's default)")
     p.add_argument("--json", metavar="PATH", help="also write the measured numbers, the command and the machine here")
     p.add_argument("--cpu_time", action="store_true", help="time this process's CPU seconds, not wall seconds "
@@ -471,6 +510,8 @@ def run_bench(args):
     x, y = (torch.randint(0, mcfg.vocab_size, (args.micro_batch, args.seq_len), device=device) for _ in "xy")
     if args.memory_probe:
         return bench_memory(mcfg, device, args, autocast, x, y)
+    if args.loss_chunks:
+        return bench_loss_chunks(mcfg, device, args, autocast, y)
     if args.against:
         return bench_against(mcfg, device, args, autocast, x, y)
     bench_training(mcfg, device, args, autocast, x, y)

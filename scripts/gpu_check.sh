@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # The GPU check, by hand on a CUDA machine (nothing in CI needs one; tests/test_gpu_check.py runs its dry run). GPU
 # time comes rarely and in one ~10-minute call, so nothing here may waste it: the train.py paths, which only a GPU
-# machine tests, run first; every step has a time limit; a failed step is said with the end of its log and the next
+# machine tests, run first, after the one cheap eager probe (step 5 runs first: a budget cut short loses an expensive
+# compiled step, not it); every step has a time limit; a failed step is said with the end of its log and the next
 # one runs; and $OUT/summary.md is rewritten after every step, so a call killed midway keeps what finished. The steps:
-#   0. the versions (torch, CUDA, transformers, the GPUs, git and torchrun on PATH), printed first; random-token shards
-#      and the two train.py runs' configs as resolved (file + overrides); bench.py --memory's estimate of both, once;
+#   0. the versions (torch, CUDA, transformers, the GPUs, git and torchrun on PATH) and the free disk, printed first;
+#      random-token shards and the two train.py runs' configs as resolved (file + overrides); bench.py --memory's
+#      estimate of both, once;
 #   1. train.py configs/170m_jreg.py, DDP on every GPU: compile, bf16, eval, checkpoint; 20 steps;
 #   2. train.py configs/1b.py, FSDP2 on every GPU: compile, bf16, 4 micro-batches accumulated, sharded checkpoints;
-#      10 steps, then the same command to 20, which resumes from step 10;
+#      10 steps, then the same command to 20, which resumes from step 10 (DRY_RUN: first that command on a disk that
+#      takes 1 MB a file, which must fail at its checkpoint in one error line and leave the step-10 one to resume);
 #   3. bench.py, the 170M shape on one GPU, compiled, bf16: training steps λ = 0 vs λ = 1 interleaved (the JREG
 #      overhead), tok/s and MFU. No λ = 0 train.py run: this step measures the overhead, for a cold compile fewer;
 #   4. bench.py --memory_probe, 170M: peak memory beside the estimate, the full-logits loss vs the chunked one;
 #   5. bench.py --memory_probe, 3.4B: one micro-batch forward + backward (eager; 4 x 2048, 2 x 2048 under 100 GiB).
 #
 #   bash scripts/gpu_check.sh              OUT=DIR (default out/gpu_check)  WORK=DIR (default out/gpu_check_work)
-#   STEPS="1 2" bash scripts/gpu_check.sh  some of the steps (default: 1 2 3 4 5; step 0 always runs)
+#   STEPS="1 2" bash scripts/gpu_check.sh  some of the steps, in this order (default: 5 1 2 3 4; step 0 always runs)
 #   HF=1 bash scripts/gpu_check.sh         step 3 also times transformers' LlamaForCausalLM (off: more cold compiles)
 #   DRY_RUN=1 bash scripts/gpu_check.sh    the whole script on a CPU, same commands, small sizes: 2 processes on gloo,
 #                                          the tiny preset on byte tokens, fp32, eager (so not FSDP's compiled
@@ -31,7 +34,7 @@ REPO=$(dirname "$0")/..
 OUT=$(realpath -m "${OUT:-$REPO/out/gpu_check}"); WORK=$(realpath -m "${WORK:-$REPO/out/gpu_check_work}")
 cd "$(dirname "$0")/.."                              # the repository: train.py, configs/, scripts/bench.py
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # scripts/bench.py imports the core modules from here
-STEP_S=${STEP_S:-240}; STEPS=${STEPS:-1 2 3 4 5}
+STEP_S=${STEP_S:-240}; STEPS=${STEPS:-5 1 2 3 4}
 for step in $STEPS; do    # a typo fails now, not after minutes of GPU time
   case $step in [1-5]) ;; *) echo "error: STEPS: no step $step (1-5)" >&2; exit 1 ;; esac
 done
@@ -74,6 +77,7 @@ PY
 )
 [ -s "$OUT/env.txt" ] || { echo "error: $PY could not report its torch and GPU (see above)" >&2; exit 1; }
 say "$(cat "$OUT/env.txt")"
+say "free disk: $(df -Ph "$WORK" 2> /dev/null | awk 'NR == 2 { print $4 }') in $WORK (a 1B checkpoint is ~12 GB; two exist while the second is written)"
 if [ "$DRY_RUN" = 1 ]; then
   say "DRY_RUN=1: the CPU dry run (2 processes on gloo, tiny preset, fp32, eager, small sizes)"
 elif [ "${NGPU:-0}" -lt 1 ]; then
@@ -112,8 +116,9 @@ T1B=(configs/1b.py "${COMMON[@]}" --fsdp=True --sharded_ckpt=True --out_dir="$WO
      "${TRAIN_MODE[@]}")                                # 4 accumulated; --max_steps=STEPS_1B, then twice that
 
 FAILED=0
-run() {  # run NAME COMMAND...: under the time limit; output to $OUT/steps/NAME.txt and the log; exit in steps.tsv
-  local name=$1 t0=$SECONDS left=$((END - SECONDS)); shift
+run() {  # run NAME COMMAND...: under the time limit; output to $OUT/steps/NAME.txt and the log; exit in steps.tsv;
+         # it passes with exit status $EXPECT (default 0)
+  local name=$1 t0=$SECONDS left=$((END - SECONDS)) want=${EXPECT:-0}; shift
   if [ "$left" -lt 60 ]; then
     say "$name: skipped (${left} s of BUDGET_S left)"; printf '%s\tskipped\t0\n' "$name" >> "$OUT/steps.tsv"
     FAILED=1; return 1
@@ -127,8 +132,7 @@ run() {  # run NAME COMMAND...: under the time limit; output to $OUT/steps/NAME.
   echo "== $name: $((SECONDS - t0)) s, exit $rc" >> "$LOG"
   printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" >> "$OUT/steps.tsv"
   say "$name: $((SECONDS - t0)) s, exit $rc$([ "$rc" = 124 ] && echo ' (out of time)')"
-  if [ "$rc" != 0 ]; then FAILED=1; tail -n 20 "$OUT/steps/$name.txt" | tee -a "$LOG"; fi
-  return "$rc"
+  if [ "$rc" != "$want" ]; then FAILED=1; tail -n 20 "$OUT/steps/$name.txt" | tee -a "$LOG"; return 1; fi
 }
 
 done_with() {  # done_with RUN NAME: keep the run's log.jsonl (small) as $OUT/runs/NAME.jsonl, then free the disk
@@ -261,7 +265,13 @@ for step in $STEPS; do
     2) rm -rf "${WORK:?}/1b"
        run train_1b "${DIST[@]}" train.py "${T1B[@]}" --max_steps="$STEPS_1B"
        cp "$WORK/1b/log.jsonl" "$OUT/runs/train_1b.jsonl" 2> /dev/null
-       if ls -d "$WORK"/1b/ckpt_* > /dev/null 2>&1; then        # a resume needs a checkpoint, else it starts afresh
+       if [ "$DRY_RUN" = 1 ]; then   # a full disk at the checkpoint: exit 1, one error line, the step-3 one kept
+         EXPECT=1 run full_disk_1b bash -c 'ulimit -f 1024; exec "$@"' _ "${DIST[@]}" train.py "${T1B[@]}" \
+           --max_steps=$((2 * STEPS_1B)) && { grep -q "^error: cannot write checkpoint .*GiB free in" \
+           "$OUT/steps/full_disk_1b.txt" || { say "full_disk_1b: no error line"; FAILED=1; }; }
+       fi
+       # a resume needs a whole checkpoint (not a half-written ckpt_*.tmp), else it would start afresh
+       if ls "$WORK/1b" 2> /dev/null | grep -qE '^ckpt_[0-9]+(\.pt)?$'; then
          run train_1b_resume "${DIST[@]}" train.py "${T1B[@]}" --max_steps=$((2 * STEPS_1B))
        else
          say "train_1b_resume: skipped (train_1b left no checkpoint)"

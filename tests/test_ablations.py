@@ -68,7 +68,8 @@ def objective_as_train_builds_it(cfg, model):
 
 def training_loss(objective, cfg, batch):
     """train.train_step on one micro-batch, one process, fp32 (it also runs the backward pass): StepStats."""
-    return train.train_step(objective, [batch], cfg, CPU, nullcontext(), lambda on: None)
+    counts = torch.tensor([train.token_counts(batch, cfg.jreg_skip_first)])
+    return train.train_step(objective, [batch], counts, cfg, nullcontext(), lambda on: None, stop=False)
 
 
 def kjv_config(*args):

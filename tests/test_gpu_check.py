@@ -9,8 +9,8 @@ import sys
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 SCRIPT = os.path.join(HERE, "scripts", "gpu_check.sh")
-STEPS = ["prepare", "estimate", "train_170m_jreg", "train_1b", "train_1b_resume", "bench_170m", "probe_170m",
-         "probe_3.4b"]
+STEPS = ["prepare", "estimate", "probe_3.4b", "train_170m_jreg", "train_1b", "full_disk_1b", "train_1b_resume",
+         "bench_170m", "probe_170m"]     # the cheap eager probe first; a full disk at the 1B run's checkpoint (dry run)
 PROBE_ROWS = [f"{p} {v}" for p in ("probe_170m", "probe_3.4b")
               for v in ("full logits", "chunked loss", "chunked + checkpointing")]
 NUMBER = re.compile(r"^[\d,]+(\.\d+)?$")
@@ -57,8 +57,17 @@ def test_dry_run_runs_every_step_resumes_and_summarizes(tmp_path):
     # every step ran, in order, and passed
     steps = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()]
     assert [s[0] for s in steps] == STEPS
-    assert all(rc == "0" for _, rc, _ in steps), steps
-    assert all(f"| {name} | 0 |" in summary for name in STEPS)
+    assert all(rc == ("1" if name == "full_disk_1b" else "0") for name, rc, _ in steps), steps
+    assert all(f"| {name} | {1 if name == 'full_disk_1b' else 0} |" in summary for name in STEPS)
+    assert re.match(r"free disk: \S+ in ", log.splitlines()[1]), log.splitlines()[1]
+
+    # a full disk at the sharded checkpoint: one error line, nothing half-written, the run resumes from the one before
+    full = (out / "steps" / "full_disk_1b.txt").read_text()
+    errors = [line for line in full.splitlines() if line.startswith("error:")]
+    assert errors and all(re.fullmatch(r"error: cannot write checkpoint \S+/ckpt_0000006: .*\. [\d.]+ GiB free in "
+                                       r"\S+\. The last good checkpoint is \S+/ckpt_0000003; rerun to resume from "
+                                       r"it, once there is room", line) for line in errors), errors
+    assert "CheckpointException" not in full, full[-3000:]     # the ranks' own error, no gathered traceback
 
     rows = table(summary)
     assert set(rows) == {"train_170m_jreg", "train_1b", "train_1b_resume", "bench_170m ours λ=0",
