@@ -168,18 +168,19 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+def chunk_loss(logits, targets):
+    """The loss of one chunk of positions: the summed cross-entropy of its logits over the targets != -1, in fp32.
+    A plain function that autograd differentiates: an edit here (a z-loss, label smoothing) reaches training,
+    evaluation and their gradients alike (docs/ablations.md, edit 4)."""
+    return F.cross_entropy(logits.float(), targets, ignore_index=-1, reduction="sum")
+
+
 def chunk_loss_and_grads(head, params, hidden, targets):
-    """The summed cross-entropy of head(hidden) over targets != -1, and its gradients for hidden and for the head's
-    parameters (a dict): the cross-entropy's gradient for the logits in closed form, softmax − one-hot, then the
-    head's own backward (torch.func.vjp through the module, whatever it computes)."""
-    logits, head_backward = vjp(lambda p, h: functional_call(head, p, (h,)), params, hidden)
-    z, real, t = logits.float(), (targets != -1).float()[:, None], targets.clamp(min=0)[:, None]
-    lse = z.logsumexp(-1, keepdim=True)
-    loss = ((lse - z.gather(1, t)) * real).sum()
-    grad_logits = (z - lse).exp_().scatter_add_(1, t, -real).mul_(real).to(logits.dtype)   # softmax − one-hot
-    del logits, z                                                                            # (masked)
-    grad_params, grad_hidden = head_backward(grad_logits)
-    return loss, grad_hidden, grad_params
+    """chunk_loss of head(hidden), and its gradients for hidden and for the head's parameters (a dict), by
+    torch.func.vjp through the head module and the loss, whatever either computes."""
+    loss, backward = vjp(lambda p, h: chunk_loss(functional_call(head, p, (h,)), targets), params, hidden)
+    grad_params, grad_hidden = backward(torch.ones_like(loss))
+    return loss.detach(), grad_hidden, grad_params
 
 
 @functools.cache
@@ -188,14 +189,15 @@ def compiled_chunk_loss_and_grads():
 
 
 class ChunkedGradients(torch.autograd.Function):
-    """Σ_c CE(head(h_c), t_c) over chunks c of `rows` positions, with each chunk's gradients made in the forward pass.
+    """Σ_c chunk_loss(head(h_c), t_c) over chunks c of `rows` positions, with each chunk's gradients made in the
+    forward pass.
 
-    The loss is a sum over positions, so chunk c's gradients depend on chunk c alone:
-        ∂loss/∂h_c = J_head(h_c)ᵀ (softmax(head(h_c)) − onehot(t_c)),     ∂loss/∂θ = Σ_c J_θ(h_c)ᵀ (same)
-    Plain autograd would keep every chunk's logits for the backward pass, or (checkpointed) compute them twice: one
-    more head matmul a chunk. Here each chunk's gradients are computed at once (chunk_loss_and_grads) and summed, its
-    logits freed; the backward pass only scales the sums by the incoming gradient. Memory: one chunk's logits, and
-    gradient buffers shaped like hidden and θ."""
+    The loss is a sum over positions, so chunk c's gradients depend on chunk c alone: ∂loss/∂h_c is chunk c's own, and
+    ∂loss/∂θ = Σ_c (chunk c's). Plain autograd over the whole would keep every chunk's logits for the backward pass, or
+    (checkpointed) compute them twice: one more head matmul a chunk. Here each chunk's gradients are computed at once
+    (chunk_loss_and_grads) and summed, its logits freed; the backward pass only scales the sums by the incoming
+    gradient. Memory: one chunk's logits and what autograd keeps of them, and gradient buffers shaped like hidden and
+    θ."""
 
     @staticmethod
     def forward(ctx, hidden, targets, head, rows, step, *params):
@@ -251,8 +253,8 @@ class ChunkedCrossEntropy(nn.Module):
         if torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters())):
             total = chunked_gradients(hidden, targets, head, self.rows, torch.compiler.is_compiling())
         else:                                                   # no gradients: a chunk's logits live one at a time
-            total = sum(F.cross_entropy(head(hidden[i:i + self.rows]).float(), targets[i:i + self.rows],
-                                        ignore_index=-1, reduction="sum") for i in range(0, len(hidden), self.rows))
+            total = sum(chunk_loss(head(hidden[i:i + self.rows]), targets[i:i + self.rows])
+                        for i in range(0, len(hidden), self.rows))
         return total / (targets != -1).sum()
 
 

@@ -118,6 +118,21 @@ def full_scale_estimate(mfu=0.35, peak=989e12, gpus=8, tokens=104.9e9):
     return "\n".join(lines) + f"\n\nAssumed: {100 * mfu:.0f}% MFU, {peak / 1e12:.0f} TFLOP/s per GPU, {gpus} GPUs a node."
 
 
-BLOCKS = {"speed-training": speed_training, "speed-generation": speed_generation, "speed-against": speed_against,
+def loss_chunks():
+    """The loss alone at the 170M width at two chunk sizes (bench.py --loss_chunks), on CPU."""
+    rec = speed("loss_chunks_170m")
+    table = rec["results"]["loss_chunks"]
+    (small, a), (large, b) = sorted(table.items(), key=lambda kv: int(kv[0]))
+    return (f"At the 170M width (d 768, vocab 50,304, 4 × 2048 positions, fp32, eager) the loss alone, forward + "
+            f"backward, took {a['ms'] / 1e3:.1f} s in {a['chunks']} chunks of {small} and {b['ms'] / 1e3:.1f} s in "
+            f"{b['chunks']} of {large} ({a['ms'] / b['ms']:.2f}× the speed), {a['bytes_per_logit']:.2f} and "
+            f"{b['bytes_per_logit']:.2f} bytes per logit of the micro-batch; the head-gradient traffic (each chunk "
+            f"writes, reads and adds an fp32 gradient of the head) is {a['head_grad_traffic_gb']:.2f} and "
+            f"{b['head_grad_traffic_gb']:.2f} GB. On this CPU the larger chunk is the slower and the larger; on a GPU, "
+            f"where that traffic is the cost, it is not measured yet (scripts/gpu_check.sh step 6 measures it). "
+            f"`{rec['command']}`, {machine_line(rec)} (`results/speed/loss_chunks_170m.json`).")
+
+
+BLOCKS = {"loss-chunks": loss_chunks, "speed-training": speed_training, "speed-generation": speed_generation, "speed-against": speed_against,
           "memory-probe": memory_probe, "memory-table": memory_table, "full-scale-estimate": full_scale_estimate,
           "tokenize-speed": tokenize_speed}

@@ -120,8 +120,9 @@ def estimate(mcfg, micro_batch, seq_len, mode="autocast", checkpointing=False, l
     kept = L * (4 * d if checkpointing else block)   # checkpointing keeps each block's input only
     streams = (L + 1) * 4 * d if jreg else 0        # the penalty's gradients of h_0..h_L, waiting for their block
     rows = min(loss_chunk, n)
-    if loss_chunk:   # one chunk's logits; the gradients for the final hidden and the head (made in the forward pass,
-        loss_fwd, loss_bwd = (12 - c) * rows * V + (4 + 2 * c) * V * d + 4 * n * d, 8 * (n + V) * d   # then scaled)
+    if loss_chunk:   # one chunk's logits and what autograd keeps of them (its log-softmax, beside the fp32 logits in
+        # fp32); the gradients for the final hidden and the head (made in the forward pass, then scaled)
+        loss_fwd, loss_bwd = (11 if c == 4 else 10) * rows * V + (4 + 2 * c) * V * d + 4 * n * d, 8 * (n + V) * d
     else:            # log-softmax and two gradients of every logit in fp32 (compiled: ~2.5 bytes a logit)
         loss_fwd, loss_bwd = (2.5 if compiled else 8) * n * V, (2.5 if compiled else 12) * n * V
     copies = 2 * (L * p_block + V * d) if c == 2 else 0                 # autocast's cached bf16 weights

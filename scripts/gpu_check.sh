@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, by hand on a CUDA machine (nothing in CI needs one; tests/test_gpu_check.py runs its dry run). GPU
 # time comes rarely and in one ~10-minute call, so nothing here may waste it: the train.py paths, which only a GPU
-# machine tests, run first, after the one cheap eager probe (step 5 runs first: a budget cut short loses an expensive
-# compiled step, not it); every step has a time limit; a failed step is said with the end of its log and the next
+# machine tests, run first, after the cheap eager probes (steps 5 and 6 run first: a budget cut short loses an
+# expensive compiled step, not them); every step has a time limit; a failed step is said with the end of its log and the next
 # one runs; and $OUT/summary.md is rewritten after every step, so a call killed midway keeps what finished. The steps:
 #   0. the versions (torch, CUDA, transformers, the GPUs, git and torchrun on PATH) and the free disk, printed first;
 #      random-token shards and the two train.py runs' configs as resolved (file + overrides); bench.py --memory's
@@ -14,10 +14,12 @@
 #   3. bench.py, the 170M shape on one GPU, compiled, bf16: training steps λ = 0 vs λ = 1 interleaved (the JREG
 #      overhead), tok/s and MFU. No λ = 0 train.py run: this step measures the overhead, for a cold compile fewer;
 #   4. bench.py --memory_probe, 170M: peak memory beside the estimate, the full-logits loss vs the chunked one;
-#   5. bench.py --memory_probe, 3.4B: one micro-batch forward + backward (eager; 4 x 2048, 2 x 2048 under 100 GiB).
+#   5. bench.py --memory_probe, 3.4B: one micro-batch forward + backward (eager; 4 x 2048, 2 x 2048 under 100 GiB);
+#   6. bench.py --loss_chunks 1024 8192, 170M width, bf16, eager: the loss alone (head + cross-entropy, forward +
+#      backward) at the old and the new default loss_chunk, time and bytes per logit (on a CPU 8192 is the slower).
 #
 #   bash scripts/gpu_check.sh              OUT=DIR (default out/gpu_check)  WORK=DIR (default out/gpu_check_work)
-#   STEPS="1 2" bash scripts/gpu_check.sh  some of the steps, in this order (default: 5 1 2 3 4; step 0 always runs)
+#   STEPS="1 2" bash scripts/gpu_check.sh  some of the steps, in this order (default: 5 6 1 2 3 4; step 0 always runs)
 #   HF=1 bash scripts/gpu_check.sh         step 3 also times transformers' LlamaForCausalLM (off: more cold compiles)
 #   DRY_RUN=1 bash scripts/gpu_check.sh    the whole script on a CPU, same commands, small sizes: 2 processes on gloo,
 #                                          the tiny preset on byte tokens, fp32, eager (so not FSDP's compiled
@@ -34,9 +36,9 @@ REPO=$(dirname "$0")/..
 OUT=$(realpath -m "${OUT:-$REPO/out/gpu_check}"); WORK=$(realpath -m "${WORK:-$REPO/out/gpu_check_work}")
 cd "$(dirname "$0")/.."                              # the repository: train.py, configs/, scripts/bench.py
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # scripts/bench.py imports the core modules from here
-STEP_S=${STEP_S:-240}; STEPS=${STEPS:-5 1 2 3 4}
+STEP_S=${STEP_S:-240}; STEPS=${STEPS:-5 6 1 2 3 4}
 for step in $STEPS; do    # a typo fails now, not after minutes of GPU time
-  case $step in [1-5]) ;; *) echo "error: STEPS: no step $step (1-5)" >&2; exit 1 ;; esac
+  case $step in [1-6]) ;; *) echo "error: STEPS: no step $step (1-6)" >&2; exit 1 ;; esac
 done
 DRY_RUN=${DRY_RUN:-0}; HF=${HF:-0}
 END=$((SECONDS + ${BUDGET_S:-540}))
@@ -93,6 +95,7 @@ if [ "$DRY_RUN" = 1 ]; then
   BENCH_MODE=(--device cpu --no-compile --dtype float32 --seq_len 64 --micro_batch 2 --vocab_size 320 --threads 1)
   BENCH_TIMES=(--warmup 1 --repeats 2); PRESET_170=tiny; PRESET_BIG=tiny; MB_BIG=1
   BIG_MODE=(--device cpu --vocab_size 320 --threads 1)
+  CHUNKS=(16 128); CHUNK_MODE=(--device cpu --dtype float32 --seq_len 64 --micro_batch 2 --vocab_size 320 --threads 1)
 else
   NPROC=$NGPU; SEQ=2048; MB_170=32; MB_1B=8; DATA=(gpt2 50257 50256 50000000)   # tokenizer, vocab, EOT, tokens
   STEPS_170=20; STEPS_1B=10
@@ -100,6 +103,7 @@ else
   TRAIN_MODE=()                                 # the configs' own: cuda:LOCAL_RANK, compile, bf16 autocast
   BENCH_MODE=(--device cuda --compile --dtype bfloat16 --seq_len 2048 --micro_batch 16)
   BENCH_TIMES=(--warmup 5 --repeats 10); PRESET_170=170m; PRESET_BIG=3.4b; BIG_MODE=(--device cuda --dtype bfloat16)
+  CHUNKS=(1024 8192); CHUNK_MODE=(--device cuda --dtype bfloat16 --seq_len 2048 --micro_batch 32)   # the config's
   MB_BIG=$(awk -v g="$GPU_GIB" 'BEGIN { print (g > 100 ? 4 : 2) }')   # 4 x 2048 with full logits: ~76 GiB, near 80
 fi
 HF_FLAG=(--no_hf); [ "$HF" = 1 ] && HF_FLAG=()
@@ -215,6 +219,13 @@ for step in ("probe_170m", "probe_3.4b"):
                      + (f"; the loss alone: {per_logit[1]} bytes per logit full, {per_logit[2]} chunked"
                         if per_logit and i == 0 else "")))
 
+for m in re.finditer(r"^chunk\s+(\d+) \(\s*(\d+) chunks\)\s+([\d.]+) ms\s+speed vs chunk (\d+): ([\d.]+)x\s+([\d.]+) "
+                     r"bytes per logit\s+head-gradient traffic ([\d.]+) GB", text("steps/loss_chunks_170m.txt"), re.M):
+    positions = re.search(r"= (\d+) positions", text("steps/loss_chunks_170m.txt"))
+    rows.append((f"loss_chunks_170m chunk {m[1]}", f"preset {'tiny' if dry else '170m'} width", "the loss alone, eager",
+                 f"{int(positions[1]) / float(m[3]) * 1e3:,.0f}", "n/a", "n/a", "n/a", "",
+                 f"{m[2]} chunks; speed vs chunk {m[4]}: {m[5]}x; {m[6]} bytes per logit; head-gradient traffic {m[7]} GB"))
+
 cell = lambda v: str(v).replace("|", "/")
 lines = ["# gpu_check.sh summary" + (" (DRY_RUN=1: CPU, gloo, tiny sizes)" if dry else ""), "",
          text("env.txt").strip(), "",
@@ -284,6 +295,8 @@ for step in $STEPS; do
            "${BENCH_TIMES[@]}" ;;
     5) run probe_3.4b "$PY" scripts/bench.py --memory_probe --preset "$PRESET_BIG" "${BIG_MODE[@]}" \
            --micro_batch "$MB_BIG" --seq_len "$SEQ" --warmup 1 --repeats 2 ;;
+    6) run loss_chunks_170m "$PY" scripts/bench.py --loss_chunks "${CHUNKS[@]}" --preset "$PRESET_170" \
+           "${CHUNK_MODE[@]}" --warmup 1 --repeats 3 ;;
   esac
   summary
 done

@@ -36,11 +36,12 @@ def doc_blocks(lang):
     return re.findall(rf"^```{lang}\n(.*?)^```", open(DOC, encoding="utf-8").read(), re.S | re.M)
 
 
-def edited_module(name, monkeypatch):
-    """A fresh copy of NAME.py (jreg or model) with the page's diff of that file applied: each hunk's context and `-`
-    lines must occur in the file exactly once, as whole lines, and become its context and `+` lines."""
-    diffs = [d for d in doc_blocks("diff") if d.startswith(f"--- a/{name}.py\n")]
-    assert len(diffs) == 1, f"docs/ablations.md has {len(diffs)} diffs of {name}.py"
+def edited_module(name, monkeypatch, marker=""):
+    """A fresh copy of NAME.py (jreg or model) with the page's diff of that file that holds `marker` applied: each
+    hunk's context and `-` lines must occur in the file exactly once, as whole lines, and become its context and `+`
+    lines."""
+    diffs = [d for d in doc_blocks("diff") if d.startswith(f"--- a/{name}.py\n") and marker in d]
+    assert len(diffs) == 1, f"docs/ablations.md has {len(diffs)} diffs of {name}.py with {marker!r}"
     source = "\n" + open(os.path.join(HERE, f"{name}.py"), encoding="utf-8").read()
     for hunk in diffs[0].split("\n@@")[1:]:
         lines = [line for line in hunk.split("\n")[1:] if line]
@@ -89,7 +90,7 @@ def test_the_names_the_page_gives_exist():
     import runs
     names = {"train_step": train, "build_model": train, "validate": train, "main": train, "Llama.forward": M,
              "Llama.reset_parameters": M, "Block.forward": M, "Attention.forward": M, "MLP.forward": M,
-             "RMSNorm": M, "ChunkedCrossEntropy": M, "chunk_loss_and_grads": M, "JregObjective.__init__": jreg,
+             "RMSNorm": M, "ChunkedCrossEntropy": M, "chunk_loss_and_grads": M, "chunk_loss": M, "JregObjective.__init__": jreg,
              "JregObjective.forward": jreg, "streams": jreg, "displacement": jreg, "layer_weights": jreg,
              "jreg_penalty": jreg, "WEIGHTINGS": jreg, "RESUMABLE": CF, "llama_to_hf": hf, "llama_from_hf": hf,
              "restore": runs, "load_run": runs}
@@ -108,7 +109,7 @@ def test_the_names_the_page_gives_exist():
     assert "def test_an_edit_to_the_head_reaches_the_training_loss(" in open(os.path.join(HERE, "test_jreg.py")).read()
     assert "jreg_weighting" not in CF.RESUMABLE and "jreg_final_norm" not in CF.RESUMABLE
     tests = set(re.findall(r"^Test: `(test_\w+)`", doc, re.M))
-    assert len(tests) == 3 and tests <= set(globals())
+    assert len(tests) == 4 and tests <= set(globals())
 
 
 def test_final_norm_last_layer_is_configuration_only(tmp_path):
@@ -194,7 +195,7 @@ def test_qk_norm_changes_training_and_generation(monkeypatch):
     mcfg = CF.model_config(cfg)
     torch.manual_seed(0)
     plain = M.Llama(mcfg)
-    edited = edited_module("model", monkeypatch)
+    edited = edited_module("model", monkeypatch, "q_norm")
     monkeypatch.setattr(M, "Attention", edited.Attention)            # what Block builds from now on
     model, optimizer = train.build_model(cfg, mcfg, CPU, None)       # as train.py builds it, then plain's weights
     gains = {f"layers.{i}.attn.{qk}_norm.weight" for i in range(mcfg.n_layer) for qk in "qk"}
@@ -231,3 +232,33 @@ def test_qk_norm_changes_training_and_generation(monkeypatch):
     optimizer.zero_grad(set_to_none=True)
     assert not all(torch.equal(params[name], torch.ones(mcfg.head_dim)) for name in gains)
     assert training_loss(objective_as_train_builds_it(cfg, model)[0], cfg, batch).loss < after.loss
+
+
+def test_a_z_loss_changes_the_training_loss_and_its_gradient(monkeypatch):
+    """Edit 4: the page's diff of model.chunk_loss (a z-loss). On the same weights and batch, training's loss grows by
+    the z-loss computed by hand from the full logits, the head's gradient changes, and evaluation's loss too. (Before
+    the loss was a plain function under autograd, an edit to it changed evaluation only: training kept a hand-written
+    gradient, and a z-loss left its step-1 loss and gradient norm as they were.)"""
+    cfg = kjv_config()
+    torch.manual_seed(0)
+    model = M.Llama(CF.model_config(cfg))
+    x, y, _ = batch = random_batch(cfg)
+    objective = objective_as_train_builds_it(cfg, model)[0]
+
+    def loss_and_head_grad():
+        model.zero_grad(set_to_none=True)
+        stats = training_loss(objective, cfg, batch)
+        with torch.no_grad():
+            evaluated = model(x, y).loss
+        return stats.loss, model.lm_head.weight.grad.clone(), evaluated
+    before, grad_before, eval_before = loss_and_head_grad()
+    monkeypatch.setattr(M, "chunk_loss", edited_module("model", monkeypatch, "z_loss").chunk_loss)
+    after, grad_after, eval_after = loss_and_head_grad()
+    with torch.no_grad():
+        lse = model(x).logits.float().logsumexp(-1)
+    counted = y != -1
+    z_loss = 1e-4 * (lse ** 2 * counted).sum() / counted.sum()
+    assert z_loss > 1e-3                                                 # (log 320)² · 1e-4 at initialisation
+    assert after - before == pytest.approx(z_loss.item(), rel=1e-4)
+    assert eval_after - eval_before == pytest.approx(z_loss.item(), rel=1e-4)
+    assert (grad_after - grad_before).abs().max() > 1e-6

@@ -9,8 +9,8 @@ import sys
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 SCRIPT = os.path.join(HERE, "scripts", "gpu_check.sh")
-STEPS = ["prepare", "estimate", "probe_3.4b", "train_170m_jreg", "train_1b", "full_disk_1b", "train_1b_resume",
-         "bench_170m", "probe_170m"]     # the cheap eager probe first; a full disk at the 1B run's checkpoint (dry run)
+STEPS = ["prepare", "estimate", "probe_3.4b", "loss_chunks_170m", "train_170m_jreg", "train_1b", "full_disk_1b",
+         "train_1b_resume", "bench_170m", "probe_170m"]     # the cheap eager probes first; a full disk at the 1B run's checkpoint (dry run)
 PROBE_ROWS = [f"{p} {v}" for p in ("probe_170m", "probe_3.4b")
               for v in ("full logits", "chunked loss", "chunked + checkpointing")]
 NUMBER = re.compile(r"^[\d,]+(\.\d+)?$")
@@ -71,7 +71,10 @@ def test_dry_run_runs_every_step_resumes_and_summarizes(tmp_path):
 
     rows = table(summary)
     assert set(rows) == {"train_170m_jreg", "train_1b", "train_1b_resume", "bench_170m ours λ=0",
-                         "bench_170m ours λ=1", *PROBE_ROWS}, list(rows)
+                         "bench_170m ours λ=1", *PROBE_ROWS, "loss_chunks_170m chunk 16",
+                         "loss_chunks_170m chunk 128"}, list(rows)
+    assert re.fullmatch(r"8 chunks; speed vs chunk 16: 1\.000x; [\d.]+ bytes per logit; head-gradient traffic [\d.]+ GB",
+                        rows["loss_chunks_170m chunk 16"]["notes"]), rows["loss_chunks_170m chunk 16"]
     for name, row in rows.items():
         assert NUMBER.match(row["tok/s"]) and float(row["tok/s"].replace(",", "")) > 0, (name, row)
         assert row["MFU"] == "n/a", (name, row)                       # no peak FLOP/s on a CPU
@@ -133,6 +136,6 @@ def test_python3_is_used_when_python_lacks_torch_and_no_gpu_is_one_line(tmp_path
 
 
 def test_a_steps_typo_fails_before_anything_runs(tmp_path):
-    done = gpu_check(tmp_path, timeout=60, STEPS="1 6")
-    assert (done.returncode, done.stderr) == (1, "error: STEPS: no step 6 (1-5)\n")
+    done = gpu_check(tmp_path, timeout=60, STEPS="1 7")
+    assert (done.returncode, done.stderr) == (1, "error: STEPS: no step 7 (1-6)\n")
     assert not (tmp_path / "out").exists()
