@@ -9,6 +9,7 @@ compile = False                # compiling costs more than it saves at this size
 batch_tokens = 2048            # 16 sequences x 128 tokens
 seq_len = 128
 micro_batch = 16
+loss_chunk = 1024              # on a CPU the smaller chunk is the faster (docs/speed.md, "The loss's chunk")
 max_steps = 50
 warmup_steps = 10
 lr = 3e-3

@@ -145,7 +145,7 @@ def test_final_norm_last_layer_is_configuration_only(tmp_path):
         out = model(*batch[:2])
         h = out.hidden_states[:-1] + [model.norm(out.hidden_states[-1])]
         psi_L = ((1 - F.cosine_similarity(h[-2], h[-1], dim=-1)) / 2).mean()
-    # other kernels: the training step's closed-form log-sum-exp (with gradients) vs the no-grad F.cross_entropy, and
+    # other kernels: the training step's chunk through torch.func.vjp vs the no-grad forward, and
     # F.cosine_similarity vs jreg.displacement: equal up to rounding. 16 ulps of the loss (~5.9; 1e-6 was 1.4 ulps):
     # a mean over 64 positions plus Ψ_L; the other objectives differ by 1e-2 or more
     assert_close_ulps(losses["last, normed h_L"], out.loss + cfg.jreg_lambda * psi_L, ulps=16)

