@@ -290,9 +290,7 @@ def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
             with timed(f"writing checkpoint {path}"):              # minutes at the paper's sizes: said in the log
                 torch.save({"model": model_sd, "optimizer": optim_sd, **meta}, path + ".tmp")
         except (OSError, RuntimeError) as e:          # a full disk: torch's stream writer raises a RuntimeError
-            with suppress(OSError):
-                os.remove(path + ".tmp")
-            cannot_write(cfg, path, e)
+            cannot_write(cfg, path, e, partial=path + ".tmp")
         os.replace(path + ".tmp", path)
         prune(cfg)
 
@@ -303,10 +301,13 @@ def last_good(cfg):
 
 
 def cannot_write(cfg, path, e, partial=None):
-    """A checkpoint that could not be written (a full disk, say): its partial folder removed, one error line with the
-    free space and the last good checkpoint; what was there before (the log, that checkpoint) stays."""
-    if partial:
+    """A checkpoint that could not be written (a full disk, say): its partial file or folder removed, one error line
+    with the free space and the last good checkpoint; what was there before (the log, that checkpoint) stays."""
+    if partial and os.path.isdir(partial):
         shutil.rmtree(partial, ignore_errors=True)
+    elif partial:
+        with suppress(OSError):
+            os.remove(partial)
     if failures := getattr(e, "failures", None):        # torch.distributed.checkpoint's: (error, trace) of each rank
         e = next(iter(failures.values()))[0]
     free = shutil.disk_usage(cfg.out_dir).free / 2**30

@@ -59,14 +59,14 @@ def data_streams(cfg, vocab_size, n_val, proc):
 
 
 def step_batches(train_data, seq_index, grad_accum, micro_batch, proc, device, skip_first):
-    """This process's micro-batches of the global batch that starts at sequence seq_index, on the device (copied from
-    pinned memory: the host goes on), and their token counts: micro-batch m of process r reads from sequence
-    seq_index + (m · world + r) · micro_batch, so any split (1×8, 2×4, 8×1) reads the same batch. The loop asks for a
-    step's batches while the device still works on the step before."""
+    """This process's micro-batches of the global batch at sequence seq_index, and their token counts, on the device
+    (from pinned memory): micro-batch m of process r reads from sequence seq_index + (m · world + r) · micro_batch,
+    so any split (1×8, 2×4, 8×1) reads the same batch."""
     starts = [seq_index + (micro * proc.world + proc.rank) * micro_batch for micro in range(grad_accum)]
     batches = [train_data.batch(start, micro_batch) for start in starts]
     counts = torch.tensor([token_counts(batch, skip_first) for batch in batches])
-    return to_device(batches, device), to_device([(counts,)], device)[0][0]
+    *batches, (counts,) = to_device(batches + [(counts,)], device)     # one pinned copy each
+    return batches, counts
 
 
 def grad_accum_steps(cfg, world):
@@ -160,9 +160,8 @@ def train_step(objective, batches, counts, cfg, autocast, set_gradient_sync, sto
 
 @torch.no_grad()
 def validate(model, val_batches, cfg, device, autocast):
-    """Validation loss and Ψ / ζ (in the penalty's convention) on the fixed validation windows, over all processes.
-    Eager, also where FSDP compiled the blocks in place: no-grad mode and a last, ragged micro-batch would each compile
-    them again (minutes at the paper's sizes, for seconds of validation)."""
+    """Validation loss and Ψ / ζ (in the penalty's convention) on the fixed validation windows, over all processes;
+    eager, also under FSDP's compiled blocks (no-grad mode and a ragged last micro-batch would compile them again)."""
     model.eval()
     profile = Profile()
     with autocast, torch.compiler.set_stance("force_eager"):
