@@ -38,16 +38,11 @@ class Config:
     init_from: str = ""             # "" (random) | RUN_DIR (newest ckpt) | RUN_DIR@STEP | RUN_DIR@latest | hf:NAME_OR_DIR
     epochs: float = 0.0             # > 0: max_steps = epochs × windows per epoch / sequences per step
     warmup_ratio: float = 0.0       # > 0: warmup_steps = warmup_ratio × max_steps; set to 0: no warm-up
-    # model: a preset from model.PRESETS; any field set below (not None) overrides it (with init_from: must agree)
+    # model: a preset of model.PRESETS. Any field of model.LlamaConfig but max_seq_len (n_layer, d_model, ...) is a
+    # setting too (`n_layer = 8`, --d_model=128): it overrides the preset (with init_from it must agree with the
+    # weights; None: the preset's); load_config collects them in `shape`, declared once, in model.LlamaConfig
     model: str = "170m"             # a preset of model.PRESETS
-    vocab_size: int = None          # rows of the embedding and the head (≥ the tokenizer's)
-    n_layer: int = None             # blocks L
-    n_head: int = None              # query heads
-    n_kv_head: int = None           # key/value heads (GQA when < n_head)
-    d_model: int = None             # width of the residual stream
-    ffn_hidden: int = None          # SwiGLU hidden size
-    rope_theta: float = None        # RoPE base
-    tie_embeddings: bool = None     # share the embedding and the head
+    shape: dict = dataclasses.field(default_factory=dict)   # the LlamaConfig fields set, e.g. {"n_layer": 8}
     # batch: batch_tokens per optimizer step = micro_batch · seq_len · world_size · grad_accum
     batch_tokens: int = 524288      # tokens per optimizer step, whatever the number of processes
     micro_batch: int = 16           # sequences per forward on each process (grad_accum is derived)
@@ -93,15 +88,15 @@ BEFORE = {"decay_embeddings": True, "loss_chunk": 1024}
 
 
 def usage():
-    """--help: every setting with its default and meaning, read from Config's own lines above."""
+    """--help: Config and model.LlamaConfig as declared, each setting's default and meaning on its line."""
     import inspect
-    lines = ["usage: python train.py [CONFIG.py ...] [--key=value ...]   (torchrun ... train.py for several processes)",
-             "settings (defaults <- config files, in order <- the command line):"]
-    for line in inspect.getsource(Config).splitlines()[2:]:
-        text, _, note = (part.strip() for part in line.partition("#"))
-        flag = f"--{text.split(':')[0]}={text.partition('=')[2].strip().strip(chr(34))}"
-        lines.append(f"  {note}:" if not text else f"    {flag:<30s} {note}".rstrip())
-    return "\n".join(lines + [f"a resumed run may change (the others must match): {', '.join(sorted(RESUMABLE))}"])
+    return "\n".join([
+        "usage: python train.py [CONFIG.py ...] [--key=value ...]   (torchrun ... train.py for several processes)",
+        "settings (defaults <- config files, in order <- the command line), as config.Config declares them:",
+        *inspect.getsource(Config).splitlines()[2:],
+        "the model's shape: these fields of model.LlamaConfig (shown: its defaults; unset: the preset's), e.g. --n_layer=8:",
+        *(line for line in inspect.getsource(LlamaConfig).splitlines()[2:] if line.split(":")[0].strip() in SHAPE),
+        f"a resumed run may change (the others must match): {', '.join(sorted(RESUMABLE))}"])
 
 
 def fail(message):
@@ -124,50 +119,56 @@ def read_config_file(path):
                                                 or type(v).__name__ == "module")}
 
 
-PAIRS = (("epochs", "max_steps"), ("warmup_ratio", "warmup_steps"))    # the first, when > 0, sets the second
-OTHER = {a: b for pair in PAIRS for a, b in (pair, pair[::-1])}
+SHAPE = {f.name: f.type for f in dataclasses.fields(LlamaConfig) if f.name != "max_seq_len"}   # cfg.shape's keys
+SETS = {"epochs": "max_steps", "warmup_ratio": "warmup_steps"}          # the first, when > 0, sets the second
+PAIRED = {**SETS, **{second: first for first, second in SETS.items()}}
+
+
+def parse(text, ftype):
+    """--key=text as the setting's type: bool from true / false, int also from 1e6; text that is none stays text (a
+    wrong type, reported by load_config)."""
+    try:
+        if ftype is bool:
+            return {"true": True, "false": False}[text.lower()]
+        if ftype is int and not text.strip().lstrip("+-").isdigit():
+            return int(float(text)) if float(text).is_integer() else text
+        return ftype(text)
+    except (KeyError, ValueError):
+        return text
 
 
 def load_config(argv):
     """Config from `[config.py ...] [--key=value ...]`: defaults <- each config file and --key=value in turn; then
-    checked. One that sets one of a pair (PAIRS: epochs or max_steps, warmup_ratio or warmup_steps) drops an earlier
-    setting of the other; a config file that sets both is an error."""
-    types, defaults = ({f.name: getattr(f, a) for f in dataclasses.fields(Config)} for a in ("type", "default"))
-    values = {}
+    checked. Setting one of a pair (SETS: epochs or max_steps, warmup_ratio or warmup_steps) drops an earlier
+    setting of the other; a config file that sets both is an error. The shape's fields go into cfg.shape."""
+    types = {**{f.name: f.type for f in dataclasses.fields(Config) if f.name != "shape"}, **SHAPE}
+    values, where = {}, {}
     for arg in argv:
-        if not arg.startswith("--"):
-            layer = {key: (value, f"in {arg}") for key, value in read_config_file(arg).items()}
-        else:
+        if arg.startswith("--"):
             key, sep, text = arg[2:].partition("=")
             if not sep:
                 fail(f"config key {key!r}: use --{key}=VALUE")
-            ftype = types.get(key, str)
-            try:
-                value = {"true": True, "false": False}.get(text.lower(), text) if ftype is bool else \
-                    int(text) if ftype is int and text.strip().lstrip("+-").isdigit() else \
-                    int(float(text)) if ftype is int and float(text).is_integer() else ftype(text)  # 1e6: an int too
-            except ValueError:
-                value = text                                     # reported as a wrong type below
-            layer = {key: (value, "(from the command line)")}
+            layer, source = {key: parse(text, types.get(key, str))}, "(from the command line)"
+        else:
+            layer, source = read_config_file(arg), f"in {arg}"
         for key in layer:
-            if OTHER.get(key) not in layer:
-                values.pop(OTHER.get(key), None)
+            if PAIRED.get(key) not in layer:
+                values.pop(PAIRED.get(key), None)
         values.update(layer)
-    for key, (value, where) in values.items():
-        ftype = types.get(key)
-        if ftype is None:
-            fail(f"unknown config key {key!r} {where}")
+        where.update(dict.fromkeys(layer, source))
+    for key, value in values.items():
+        ftype = types.get(key) or fail(f"unknown config key {key!r} {where[key]}")
         if ftype is float and type(value) is int:
-            value = float(value)
-        if (value is not None or defaults[key] is not None) and type(value) is not ftype:   # None: "the preset's"
-            fail(f"config key {key!r}: expected {ftype.__name__}, got {type(value).__name__} {value!r} {where}")
-        values[key] = value
-    for key, other in PAIRS:
+            values[key] = value = float(value)
+        if type(value) is not ftype and not (value is None and key in SHAPE):      # None: the preset's
+            fail(f"config key {key!r}: expected {ftype.__name__}, got {type(value).__name__} {value!r} {where[key]}")
+    for key, other in SETS.items():
         if values.get(key) and other in values:
             fail(f"{key} = {values[key]} sets {other}, which is set too ({values[other]}): set one of them")
     if values.get("warmup_ratio", 1) == 0 and "warmup_steps" not in values:
         values["warmup_steps"] = 0                    # warmup_ratio = 0 asked for: no warm-up, not the default 2,000
-    cfg = Config(**values)
+    shape = {key: values.pop(key) for key in list(values) if key in SHAPE}
+    cfg = Config(**values, shape={key: value for key, value in shape.items() if value is not None})
     check_config(cfg)
     return cfg
 
@@ -219,16 +220,15 @@ def check_config(cfg):
 
 
 def model_config(cfg):
-    overrides = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(LlamaConfig)
-                 if getattr(cfg, f.name, None) is not None}
-    overrides["max_seq_len"] = max(cfg.seq_len, PRESETS[cfg.model].max_seq_len)
-    for key in ("vocab_size", "n_layer", "n_head", "n_kv_head", "d_model", "ffn_hidden"):
-        if overrides.get(key, 1) < 1:
-            fail(f"config key {key!r} = {overrides[key]}: must be at least 1")
-    if not overrides.get("rope_theta", 1) > 0:
-        fail(f"config key 'rope_theta' = {overrides['rope_theta']}: must be > 0")
+    """The preset with cfg.shape over it, max_seq_len at least seq_len; a size not > 0 or a shape LlamaConfig refuses
+    is one error line."""
+    for key, value in cfg.shape.items():
+        if type(value) is not bool and not value > 0:
+            fail(f"config key {key!r} = {value}: must be > 0")
     try:
-        return dataclasses.replace(PRESETS[cfg.model], **overrides)
+        return dataclasses.replace(PRESETS[cfg.model], **cfg.shape,
+                                   max_seq_len=max(cfg.seq_len, PRESETS[cfg.model].max_seq_len))
     except AssertionError as e:                                   # LlamaConfig's shape checks
-        fail(f"model shape: {e} (n_head, n_kv_head, d_model = {overrides.get('n_head')}, "
-             f"{overrides.get('n_kv_head')}, {overrides.get('d_model')})")
+        shape = {**dataclasses.asdict(PRESETS[cfg.model]), **cfg.shape}
+        fail(f"model shape: {e} (n_head, n_kv_head, d_model = {shape['n_head']}, {shape['n_kv_head']}, "
+             f"{shape['d_model']})")

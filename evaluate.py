@@ -29,9 +29,8 @@ from lib.profiles import (
     _zeta_l, blocks_and_norm, context_windows, plot_profiles, profile_model, profile_target, report_figures,
     shards_tokenizer, text_documents, text_windows)
 from lib.hf import check_hf_source, load_hf
-from runs import (
-    check_device, check_writable, checkpoint_path, int_at_least, list_checkpoints, load_checkpoint, load_run,
-    max_length_of)
+from lib.commands import check_device, check_writable, checkpoint_path, int_at_least, load_run, max_length_of
+from runs import list_checkpoints, load_checkpoint
 from lib.tasks import HFModelLM, ModelLM, PAPER_TASKS, TASKS, evaluate_tasks, load_task, parse_tasks
 
 

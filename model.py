@@ -34,17 +34,17 @@ from torch.utils.checkpoint import checkpoint
 
 @dataclass
 class LlamaConfig:
-    vocab_size: int = 50304        # GPT-2's 50257 padded up to a multiple of 64
-    n_layer: int = 12
-    n_head: int = 12
-    n_kv_head: int = 12            # < n_head: grouped-query attention
-    d_model: int = 768
+    vocab_size: int = 50304        # rows of the embedding and the head (GPT-2's 50257 padded to a multiple of 64)
+    n_layer: int = 12              # blocks L
+    n_head: int = 12               # query heads
+    n_kv_head: int = 12            # key/value heads (< n_head: grouped-query attention)
+    d_model: int = 768             # width of the residual stream
     ffn_hidden: int = 2048         # SwiGLU hidden size
-    max_seq_len: int = 2048
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-    init_std: float = 0.02
+    max_seq_len: int = 2048        # RoPE table length (train.py: at least seq_len)
+    rope_theta: float = 10000.0    # RoPE base
+    norm_eps: float = 1e-5         # RMSNorm epsilon
+    tie_embeddings: bool = False   # share the embedding and the head
+    init_std: float = 0.02         # std of the initial weights
 
     @property
     def head_dim(self):
@@ -175,12 +175,15 @@ def chunk_loss(logits, targets):
     return F.cross_entropy(logits.float(), targets, ignore_index=-1, reduction="sum")
 
 
-def chunk_loss_and_grads(head, params, hidden, targets):
-    """chunk_loss of head(hidden), and its gradients for hidden and for the head's parameters (a dict), by
-    torch.func.vjp through the head module and the loss, whatever either computes."""
+def chunk_loss_and_grads(head, params, hidden, targets, sums):
+    """chunk_loss of head(hidden) and its gradient for hidden, by torch.func.vjp through the head module and the loss,
+    whatever either computes; the gradient for each of the head's parameters (a dict) is added into sums[name], one
+    fp32 buffer each, inside the step (compiled, the add fuses with the gradient's cast to fp32: no fp32 copy a chunk)."""
     loss, backward = vjp(lambda p, h: chunk_loss(functional_call(head, p, (h,)), targets), params, hidden)
     grad_params, grad_hidden = backward(torch.ones_like(loss))
-    return loss.detach(), grad_hidden, grad_params
+    for name, grad in grad_params.items():
+        sums[name].add_(grad)
+    return loss.detach(), grad_hidden
 
 
 @functools.cache
@@ -203,14 +206,12 @@ class ChunkedGradients(torch.autograd.Function):
     def forward(ctx, hidden, targets, head, rows, step, *params):
         names = [name for name, _ in head.named_parameters()]
         total, grad_hidden = 0.0, torch.empty_like(hidden)
-        grad_params = [torch.zeros_like(p, dtype=torch.float32) for p in params]
+        sums = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in zip(names, params)}
         for start in range(0, hidden.size(0), rows):
             part = slice(start, start + rows)
-            loss, grad_hidden[part], grads = step(head, dict(zip(names, params)), hidden[part], targets[part])
+            loss, grad_hidden[part] = step(head, dict(zip(names, params)), hidden[part], targets[part], sums)
             total = total + loss
-            for acc, name in zip(grad_params, names):
-                acc += grads[name]
-        ctx.save_for_backward(grad_hidden, *(g.to(p.dtype) for g, p in zip(grad_params, params)))
+        ctx.save_for_backward(grad_hidden, *(sums[name].to(p.dtype) for name, p in zip(names, params)))
         return total
 
     @staticmethod

@@ -1,18 +1,24 @@
 """
 How a training step is spread over processes and devices, and nothing of what it computes: torchrun's environment,
 the device of each process, DDP and FSDP2 as torchtitan sets them for a compiled model, and the micro-batches' copies
-to the GPU.
+to the GPU. The calls whose order matters are here, each named for what it guarantees:
 
     proc = processes()                           # rank, local_rank, world, local_world; proc.distributed
-    device = process_device("auto", proc.local_rank, proc.local_world)
-    shard_fsdp(model, cfg)                       # fsdp=True: blocks compiled, then sharded
-    objective = wrap_ddp(objective, device)      # DDP (not FSDP), before torch.compile
+    device, autocast = place(cfg, proc)          # this process's device; bf16 autocast over fp32 weights, or none
+    group = Group(proc, device, cfg)             # the process group (torchrun's processes), before the model is built
+    shard_fsdp(model, cfg)                       # fsdp=True: blocks compiled, then sharded (in train.build_model)
+    group.wrap(objective, model)                 # group.forward: DDP before torch.compile; group.set_gradient_sync(on)
+    group.close()                                # DDP's reducer freed while the group lives, then the group
 """
 import dataclasses
+import gc
 import inspect
 import os
+from contextlib import nullcontext
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 from config import fail
 
@@ -48,6 +54,54 @@ def process_device(name, local_rank, local_world):
     return name
 
 
+def place(cfg, proc):
+    """(device, autocast) of this process: its device (process_device; cfg.device set to it) made current, TF32
+    matmuls allowed, and bf16 autocast over the fp32 weights where dtype asks for it (auto: on CUDA)."""
+    if cfg.fsdp and not proc.distributed:
+        fail("fsdp=True needs torch.distributed: launch with torchrun (--nproc_per_node=1 for one GPU)")
+    cfg.device = process_device(cfg.device, proc.local_rank, proc.local_world)
+    device = torch.device(cfg.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
+    return device, torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+
+
+class Group:
+    """The processes torchrun started, as one training step: the process group (NCCL on CUDA, gloo on CPU), made before
+    the model is built; wrap() gives the step's forward, close() ends it all in the order that cannot hang. One process
+    (no torchrun): no group, the objective as it is."""
+
+    def __init__(self, proc, device, cfg):
+        self.distributed, self.fsdp, self.compile = proc.distributed, cfg.fsdp, cfg.compile
+        if self.distributed:
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                    timeout=timedelta(minutes=cfg.dist_timeout_min))
+        self.device = device
+
+    def wrap(self, objective, model):
+        """self.forward (the objective, DDP-wrapped before torch.compile as PyTorch documents, so that gradient buckets
+        overlap the backward; under FSDP the blocks were compiled as they were sharded, the penalty apart) and
+        self.set_gradient_sync(on) (whether this micro-batch's backward reduces gradients: only the last one's does)."""
+        if self.distributed and not self.fsdp:
+            objective = wrap_ddp(objective, self.device)
+        self.forward = torch.compile(objective) if self.compile and not self.fsdp else objective
+        self.set_gradient_sync = gradient_sync(model, objective, self.fsdp, self.distributed)
+
+    def close(self):
+        """DDP's reducer goes first, while the group lives: were it the last holder of a gloo group, freeing it after
+        destroy_process_group would join the group's thread holding the GIL (a deadlock). So every handle to it goes:
+        ours (the caller keeps none) and compiled code's."""
+        if not self.distributed:
+            return
+        del self.forward, self.set_gradient_sync
+        torch._dynamo.reset()
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def shard_fsdp(model, cfg):
     """FSDP2 in torchtitan's placement: each block compiled (when cfg.compile), then sharded; the top level compiled in
     parts (the final norm, the loss's chunks; the objective compiles the penalty). Groups: the embedding (resharded
@@ -80,9 +134,9 @@ def wrap_ddp(module, device):
                **{no_sync: False})
 
 
-def gradient_sync(model, wrapped, cfg, distributed):
+def gradient_sync(model, wrapped, fsdp, distributed):
     """set(on): whether this micro-step's backward reduces gradients across processes (only the last one's does)."""
-    if cfg.fsdp:
+    if fsdp:
         return model.set_requires_gradient_sync
     if distributed:
         return lambda on: setattr(wrapped, "require_backward_grad_sync", on)

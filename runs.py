@@ -1,11 +1,11 @@
 """
-The run folder and the models we load: checkpoints (one format), the lock that keeps one process per folder, the
-checks that make a resume exact, the weights a fine-tuning run starts from, loading a run or a Hugging Face model,
-the device, and the run's record of its machine.
+The run folder: its checkpoints, the lock that keeps one process per folder, the checks that make a resume exact,
+the weights a fine-tuning run starts from, and the run's record of its machine. (Loading a run for the commands:
+lib/commands.py.)
 
-    model, enc, meta = load_run("out/kjv/jreg_a1")                # latest checkpoint (or step=N)
-    hf_model, hf_tok = load_hf("HuggingFaceTB/SmolLM2-135M-Instruct")
+    run = Run(cfg, mcfg, data_id, rank)                           # the verbs train.py calls: see Run
     list_checkpoints(out_dir) -> [(step, path)]                   # complete checkpoints, oldest first
+    ckpt = load_checkpoint(path); model_state(ckpt)               # a checkpoint's record and its full weights
 
 A checkpoint ckpt_NNNNNNN.pt holds the unwrapped model, the optimizer, model_config, config, the tokenizer's tag
 (data.tokenizer_tag: a Hugging Face one with its fingerprint), step, tokens, the data position and identity: tensors
@@ -16,7 +16,6 @@ With sharded_ckpt it is a folder ckpt_NNNNNNN/ instead: each rank's shard of the
 torch.distributed.checkpoint reads .metadata with pickle: a sharded checkpoint is trusted input, as a config file is;
 share weights as scripts/export.py writes them (safetensors).
 """
-import argparse
 import dataclasses
 import json
 import os
@@ -35,10 +34,9 @@ import torch
 import torch.distributed as dist
 
 from config import BEFORE, RESUMABLE, fail, model_config
-from data import (HFTokenizer, get_tokenizer, lock_file, one_line, same_tokenizer, tokenizer_fingerprint, tokenizer_tag,
-                  write_atomic)
+from data import get_tokenizer, lock_file, one_line, same_tokenizer, tokenizer_tag, write_atomic
 from lib.progress import timed
-from lib.hf import _hf_kwargs, hf_max_length, hf_name, init_weights_hf, llama_from_hf, load_hf
+from lib.hf import init_weights_hf
 from model import Llama, LlamaConfig
 
 
@@ -66,9 +64,10 @@ class Run:
         self.step, self.seq_index = (self.ckpt["step"], self.ckpt["data_state"]["seq_index"]) if ckpts else (0, 0)
         self.bad, self.wandb = 0, None
         self.log_path = os.path.join(cfg.out_dir, "log.jsonl")
-        STOP.clear()
-        for sig in (signal.SIGTERM, signal.SIGINT):       # saved at the end of the step (checkpoint); the handler holds
-            signal.signal(sig, lambda signum, frame: STOP.append(signum))   # no Run, so its lock dies with it
+        self.pending, self.async_group = None, None       # an async sharded save in flight; the gloo group it uses
+        self.signals = signals = []                       # SIGTERM / SIGINT got since this start: saved at the end of
+        for sig in (signal.SIGTERM, signal.SIGINT):       # the step (checkpoint); the handler holds the list, not the
+            signal.signal(sig, lambda signum, frame: signals.append(signum))   # Run, so its lock dies with it
 
     def restore(self, model, optimizer):
         if self.ckpt is not None:
@@ -123,7 +122,7 @@ class Run:
             return
         loss, grad_norm = loss.item(), grad_norm.item()
         if bad > cfg.max_bad_steps:
-            finish_checkpoint()                                           # an async save in flight is published
+            self.finish()                                                 # an async save in flight is published
             last = list_checkpoints(cfg.out_dir)
             fail(f"non-finite loss {loss} or gradient norm {grad_norm} at step {step} (data from sequence "
                  f"{seq_index}), {bad} in a row (max_bad_steps = {cfg.max_bad_steps}); nothing of "
@@ -137,23 +136,99 @@ class Run:
 
     def stop_requested(self):
         """Whether this process got SIGTERM / SIGINT since the run started (the loop shares it in the step's stats)."""
-        return bool(STOP)
+        return bool(self.signals)
 
     def checkpoint(self, step, model, optimizer, seq_index, stop=False):
         """Save at every ckpt_interval, at max_steps, and when some process was asked to stop (stop, the same on every
         process: then True, the loop ends)."""
         cfg = self.cfg
         if step % cfg.ckpt_interval == 0 or step == cfg.max_steps or stop:
-            save_checkpoint(cfg, step, model, optimizer, seq_index, self.data_id)
+            self.save(step, model, optimizer, seq_index)
         if stop and self.master:
             print(f"stopped by signal at step {step}; checkpoint saved, rerun the same command to resume")
         return stop
 
+    def save(self, step, model, optimizer, seq_index):
+        """The model, optimizer, data position and identity (data_identity) of `step`. By default rank 0 writes the
+        full (unsharded, uncompiled) state as one file; with sharded_ckpt each rank writes its own shard
+        (torch.distributed.checkpoint) into a folder, in the background with async_ckpt. Either way it is written
+        under a temporary name and renamed when whole. A model with a non-finite parameter is never saved."""
+        cfg = self.cfg
+        self.finish()                              # the save in flight first: it may be the last good checkpoint
+        bad = torch.tensor(float(any(not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
+                                     for p in model.parameters())), device=next(model.parameters()).device)  # NCCL
+        if dist.is_initialized():
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if bad.item():
+            fail(f"non-finite parameters after step {step}: nothing saved. {last_good(cfg)}, with a lower lr or "
+                 "grad_clip")
+        meta = {"model_config": dataclasses.asdict(model.config), "config": dataclasses.asdict(cfg),
+                "tokenizer_tag": tokenizer_tag(cfg.tokenizer), "step": step, "tokens": step * cfg.batch_tokens,
+                "data_state": {"seq_index": seq_index}, "data_identity": self.data_id}
+        path = os.path.join(cfg.out_dir, f"ckpt_{step:07d}" + ("" if cfg.sharded_ckpt else ".pt"))
+        if cfg.sharded_ckpt:
+            return self.save_sharded(path, model, optimizer, meta)
+        if cfg.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+            model_sd, optim_sd = get_state_dict(model, optimizer,
+                                                options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        else:
+            model_sd, optim_sd = model.state_dict(), optimizer.state_dict()
+        if self.master:
+            try:
+                with timed(f"writing checkpoint {path}"):          # minutes at the paper's sizes: said in the log
+                    torch.save({"model": model_sd, "optimizer": optim_sd, **meta}, path + ".tmp")
+            except (OSError, RuntimeError) as e:      # a full disk: torch's stream writer raises a RuntimeError
+                cannot_write(cfg, path, e, partial=path + ".tmp")
+            os.replace(path + ".tmp", path)
+            prune(cfg)
+
+    def save_sharded(self, path, model, optimizer, meta):
+        """Each rank writes its shard (torch.distributed.checkpoint) into path.tmp/, rank 0 also the record (meta.pt)
+        and, last, the index of the shards (.metadata); once every rank is done, rank 0 renames it to path (publish).
+        With async_ckpt the state is copied to CPU here and written while training goes on, on a gloo group of its
+        own; finish() publishes it."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.api import CheckpointException    # a BaseException: every rank's errors
+        cfg, tmp = self.cfg, path + ".tmp"
+        if self.master:
+            shutil.rmtree(tmp, ignore_errors=True)            # what a killed save left
+            try:
+                os.makedirs(tmp)
+                torch.save(meta, os.path.join(tmp, "meta.pt"))
+            except (OSError, RuntimeError) as e:
+                cannot_write(cfg, path, e, partial=tmp)
+        if dist.is_initialized():
+            dist.barrier()
+        model_sd, optim_sd = get_state_dict(model, optimizer)   # DTensor shards under FSDP, the whole under DDP
+        state = {"model": model_sd, "optimizer": optim_sd}
+        if not cfg.async_ckpt:
+            try:
+                with timed(f"writing checkpoint {path}"):
+                    dcp.save(state, checkpoint_id=tmp, no_dist=not dist.is_initialized())
+            except (OSError, RuntimeError, CheckpointException) as e:   # every rank: dcp.save gathers their errors
+                cannot_write(cfg, path, e, partial=tmp)
+            return publish(tmp, path, cfg)
+        if dist.is_initialized() and self.async_group is None:     # made once, by every rank at the same point
+            self.async_group = dist.new_group(backend="gloo")
+        self.pending = (dcp.async_save(state, checkpoint_id=tmp, process_group=self.async_group,
+                                       no_dist=not dist.is_initialized()), tmp, path)
+
+    def finish(self):
+        """Wait for the async save in flight, if any, and give it its final name."""
+        from torch.distributed.checkpoint.api import CheckpointException
+        if self.pending is None:
+            return
+        (future, tmp, path), self.pending = self.pending, None
+        try:
+            future.result()
+        except (OSError, RuntimeError, CheckpointException) as e:
+            cannot_write(self.cfg, path, e, partial=tmp)
+        publish(tmp, path, self.cfg)
+
     def close(self):
-        finish_checkpoint()                                               # an async save still in flight
-
-
-STOP = []   # the signals this process got since its Run started
+        self.finish()                                                     # an async save still in flight
 
 
 def write_records(cfg, mcfg, data_id, step, changed, device):
@@ -225,21 +300,6 @@ def model_state(ckpt):
     return state["model"]
 
 
-PENDING = []   # an async sharded save in flight: (future, its .tmp folder, its final name, the config)
-
-
-def finish_checkpoint():
-    """Wait for the async save in flight, if any, and give it its final name."""
-    from torch.distributed.checkpoint.api import CheckpointException
-    while PENDING:
-        future, tmp, path, cfg = PENDING.pop()
-        try:
-            future.result()
-        except (OSError, RuntimeError, CheckpointException) as e:
-            cannot_write(cfg, path, e, partial=tmp)
-        publish(tmp, path, cfg)
-
-
 def publish(tmp, path, cfg):
     """Rank 0 renames a sharded checkpoint written by every rank to its final name and prunes the others; the others
     wait for it."""
@@ -258,41 +318,6 @@ def prune(cfg):
            if not (cfg.keep_every and step % cfg.keep_every == 0)]
     for path in old + left:
         shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
-
-
-def save_checkpoint(cfg, step, model, optimizer, seq_index, data_id=None):
-    """The model, optimizer, data position and identity (data_identity) of `step`. By default rank 0
-    writes the full (unsharded, uncompiled) state as one file; with sharded_ckpt each rank writes its own shard
-    (torch.distributed.checkpoint) into a folder, in the background with async_ckpt. Either way it is written under a
-    temporary name and renamed when whole. A model with a non-finite parameter is never saved."""
-    finish_checkpoint()                           # the save in flight first: it may be the last good checkpoint
-    bad = torch.tensor(float(any(not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
-                                 for p in model.parameters())), device=next(model.parameters()).device)   # NCCL: CUDA
-    if dist.is_initialized():
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    if bad.item():
-        fail(f"non-finite parameters after step {step}: nothing saved. {last_good(cfg)}, with a lower lr or grad_clip")
-    master = int(os.environ.get("RANK", 0)) == 0
-    meta = {"model_config": dataclasses.asdict(model.config), "config": dataclasses.asdict(cfg),
-            "tokenizer_tag": tokenizer_tag(cfg.tokenizer), "step": step,
-            "tokens": step * cfg.batch_tokens, "data_state": {"seq_index": seq_index}, "data_identity": data_id}
-    path = os.path.join(cfg.out_dir, f"ckpt_{step:07d}" + ("" if cfg.sharded_ckpt else ".pt"))
-    if cfg.sharded_ckpt:
-        save_sharded(cfg, path, model, optimizer, meta, master)
-    elif cfg.fsdp:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-        model_sd, optim_sd = get_state_dict(model, optimizer,
-                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    else:
-        model_sd, optim_sd = model.state_dict(), optimizer.state_dict()
-    if master and not cfg.sharded_ckpt:
-        try:
-            with timed(f"writing checkpoint {path}"):              # minutes at the paper's sizes: said in the log
-                torch.save({"model": model_sd, "optimizer": optim_sd, **meta}, path + ".tmp")
-        except (OSError, RuntimeError) as e:          # a full disk: torch's stream writer raises a RuntimeError
-            cannot_write(cfg, path, e, partial=path + ".tmp")
-        os.replace(path + ".tmp", path)
-        prune(cfg)
 
 
 def last_good(cfg):
@@ -315,41 +340,6 @@ def cannot_write(cfg, path, e, partial=None):
          "once there is room")
 
 
-def save_sharded(cfg, path, model, optimizer, meta, master):
-    """Each rank writes its shard (torch.distributed.checkpoint) into path.tmp/, rank 0 also the record (meta.pt) and,
-    last, the index of the shards (.metadata); once every rank is done, rank 0 renames it to path (finish_checkpoint).
-    With async_ckpt the state is copied to CPU here and written while training goes on, on a gloo group of its own."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    from torch.distributed.checkpoint.api import CheckpointException    # a BaseException: every rank's errors
-    tmp = path + ".tmp"
-    if master:
-        shutil.rmtree(tmp, ignore_errors=True)            # what a killed save left
-        try:
-            os.makedirs(tmp)
-            torch.save(meta, os.path.join(tmp, "meta.pt"))
-        except (OSError, RuntimeError) as e:
-            cannot_write(cfg, path, e, partial=tmp)
-    if dist.is_initialized():
-        dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)   # DTensor shards under FSDP, the whole under DDP
-    state = {"model": model_sd, "optimizer": optim_sd}
-    if not cfg.async_ckpt:
-        try:
-            with timed(f"writing checkpoint {path}"):
-                dcp.save(state, checkpoint_id=tmp, no_dist=not dist.is_initialized())
-        except (OSError, RuntimeError, CheckpointException) as e:   # every rank: dcp.save gathers the ranks' errors
-            cannot_write(cfg, path, e, partial=tmp)
-        return publish(tmp, path, cfg)
-    if dist.is_initialized() and "gloo" not in ASYNC_GROUP:   # created once, by every rank at the same point
-        ASYNC_GROUP["gloo"] = dist.new_group(backend="gloo")
-    PENDING.append((dcp.async_save(state, checkpoint_id=tmp, process_group=ASYNC_GROUP.get("gloo"),
-                                   no_dist=not dist.is_initialized()), tmp, path, cfg))
-
-
-ASYNC_GROUP = {}
-
-
 def start_weights(cfg):
     """(state dict or None, model config) to build the model from. A fine-tuning run that has a checkpoint resumes
     from it and never reads init_from again (the source may since have been pruned, deleted or gone offline); a shape
@@ -361,10 +351,23 @@ def start_weights(cfg):
     else:
         sd, mcfg = init_weights(cfg.init_from, cfg.tokenizer)
     shape = {f.name: getattr(mcfg, f.name) for f in dataclasses.fields(LlamaConfig)}
-    if wrong := [f"{k} = {getattr(cfg, k)!r} (the weights': {v!r})" for k, v in shape.items()
-                 if getattr(cfg, k, None) not in (None, v)]:
+    if wrong := [f"{k} = {cfg.shape[k]!r} (the weights': {v!r})" for k, v in shape.items()
+                 if cfg.shape.get(k, v) != v]:
         fail(f"init_from {cfg.init_from!r} gives the model's shape, but {', '.join(wrong)}: leave them out")
     return sd, mcfg
+
+
+def run_step(spec, step=None):
+    """(run folder, step) of RUN_DIR, RUN_DIR@STEP or RUN_DIR@latest (step None: the latest), as every command names a
+    checkpoint; an existing folder whose name holds '@' is itself. `step` (a --step) must not contradict it."""
+    run_dir, at, tail = spec.rpartition("@")
+    if not at or os.path.isdir(spec):
+        return spec, step
+    if not (tail.isdigit() or tail == "latest"):
+        raise SystemExit(f"error: {spec}: use RUN_DIR, RUN_DIR@STEP (a checkpoint's step) or RUN_DIR@latest")
+    if step is not None and str(step) != tail:
+        raise SystemExit(f"error: {spec} and --step {step} name two checkpoints: give the step once")
+    return run_dir, int(tail) if tail.isdigit() else None
 
 
 def init_weights(spec, tokenizer):
@@ -386,7 +389,7 @@ def init_weights(spec, tokenizer):
 
 
 def restore(ckpt, model, optimizer, fsdp):
-    """The checkpoint's weights, optimizer state and RNG states, whether it was written with or without FSDP, as one
+    """The checkpoint's weights and optimizer state, whether it was written with or without FSDP, as one
     file or sharded (on any number of processes: torch.distributed.checkpoint reshards by parameter name)."""
     if ckpt.get("sharded"):
         import torch.distributed.checkpoint as dcp
@@ -498,109 +501,3 @@ def peak_flops_of(name):
 def peak_flops(device):
     """(product, peak dense bf16 FLOP/s) of a CUDA device (peak_flops_of); (None, None) elsewhere."""
     return peak_flops_of(torch.cuda.get_device_name(device)) if device.type == "cuda" else (None, None)
-
-
-def run_step(spec, step=None):
-    """(run folder, step) of RUN_DIR, RUN_DIR@STEP or RUN_DIR@latest (step None: the latest), as every command names a
-    checkpoint; an existing folder whose name holds '@' is itself. `step` (a --step) must not contradict it."""
-    run_dir, at, tail = spec.rpartition("@")
-    if not at or os.path.isdir(spec):
-        return spec, step
-    if not (tail.isdigit() or tail == "latest"):
-        raise SystemExit(f"error: {spec}: use RUN_DIR, RUN_DIR@STEP (a checkpoint's step) or RUN_DIR@latest")
-    if step is not None and str(step) != tail:
-        raise SystemExit(f"error: {spec} and --step {step} name two checkpoints: give the step once")
-    return run_dir, int(tail) if tail.isdigit() else None
-
-
-def checkpoint_path(run_dir, step=None, what=None):
-    """The path of the checkpoint of `step` (default: the latest) in a run folder (list_checkpoints), or of
-    RUN_DIR@STEP (run_step); what: how an error names the step asked for (default: --step N, or RUN_DIR@STEP)."""
-    spec, (run_dir, step) = run_dir, run_step(run_dir, step)
-    what = what or (spec if spec != run_dir else f"--step {step}")
-    ckpts = dict(list_checkpoints(run_dir))
-    if not ckpts:
-        raise SystemExit(f"error: no checkpoints (ckpt_*.pt) in {run_dir}")
-    if step is not None and step not in ckpts:
-        raise SystemExit(f"error: {what}: no such checkpoint in {run_dir} (steps: {sorted(ckpts)})")
-    return ckpts[max(ckpts) if step is None else step]
-
-
-def load_run(run_dir, step=None, device="cpu", dtype=torch.float32, tokenizer=None):
-    """(model, tokenizer, meta) of the latest checkpoint of a run folder, or of `step`; train.py's checkpoint format.
-    tokenizer: an Encoding to use instead of the run's (config["tokenizer"]; a Hugging Face one from its copy in the
-    run folder, which holds its chat template). run_dir may be RUN_DIR@STEP (run_step)."""
-    run_dir, step = run_step(run_dir, step)
-    ckpt = load_checkpoint(path := checkpoint_path(run_dir, step))
-    model = Llama(LlamaConfig(**ckpt["model_config"]))
-    model.load_state_dict(model_state(ckpt))
-    config = ckpt.get("config") or {}
-    meta = {"run_dir": run_dir, "checkpoint": path, "step": ckpt.get("step", step), "tokens": ckpt.get("tokens"),
-            "config": config, "model_config": ckpt["model_config"]}
-    folder, name = os.path.join(run_dir, "tokenizer"), config.get("tokenizer", "gpt2")   # train.py's copy of an HF one
-    tokenizer = tokenizer or get_tokenizer("hf:" + folder if name.startswith("hf:") and os.path.isdir(folder) else name)
-    return model.to(device=device, dtype=dtype).eval(), tokenizer, meta
-
-
-def max_length_of(kind, path, step=None, gguf_file=None):
-    """The longest input of a model before loading its weights: a run's max_seq_len, an HF config's positions."""
-    if kind == "run":
-        return load_checkpoint(checkpoint_path(path, step))["model_config"]["max_seq_len"]
-    from transformers import AutoConfig
-    try:
-        return hf_max_length(AutoConfig.from_pretrained(path, **_hf_kwargs(gguf_file)))
-    except Exception as e:
-        raise SystemExit(f"error: could not load the config of Hugging Face model {hf_name(path, gguf_file)}: "
-                         f"{one_line(e)}") from e
-
-
-def check_device(device):
-    """auto -> cuda if available, else cpu; anything but cpu, mps, or an available cuda / cuda:N is an error."""
-    device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device) or ("cuda" in device and not torch.cuda.is_available()) or (
-            device == "mps" and not torch.backends.mps.is_available()):
-        raise SystemExit(f"error: --device {device}: choose cpu, mps, or cuda / cuda:N where CUDA is available")
-    return device
-
-
-def check_writable(path, option, folder=False):
-    """Create the folder and write a probe file there (for --out: write_atomic's temporary file), or exit; no path
-    (the option not given) is fine."""
-    if not path:
-        return
-    probe = os.path.join(path, ".probe.tmp") if folder else f"{path}.tmp"        # write_atomic's temporary file
-    try:
-        if not folder and (os.path.isdir(path) or path.endswith(os.sep)):
-            raise IsADirectoryError(21, "is a folder")
-        os.makedirs(os.path.dirname(probe) or ".", exist_ok=True)
-        open(probe, "w").close()
-        os.remove(probe)
-    except OSError as e:
-        raise SystemExit(f"error: {option} {path} cannot be written: {e.strerror or e}")
-
-
-def int_at_least(minimum):
-    def parse(text):
-        value = int(text)                                 # "nan", "1.5": argparse's "invalid int value"
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
-        return value
-    parse.__name__ = "int"
-    return parse
-
-
-def load_llama(run_dir=None, step=None, hf=None, gguf=None, device="cpu"):
-    """(our Llama, tokenizer, name) from a run folder or a Hugging Face Llama (converted to our Llama), for generation;
-    a Hugging Face tokenizer's stop_ids are its eos and those of the model's generation_config."""
-    if hf:
-        hf_model, hf_tok = load_hf(hf, gguf, device)
-        if hf_model.config.model_type != "llama":
-            raise SystemExit(f"error: {hf} is a {hf_model.config.model_type!r} model; generation runs Llama models")
-        enc, eos = HFTokenizer(hf_tok), hf_model.generation_config.eos_token_id   # generate stops where HF's does
-        enc.stop_ids = {enc.eot_token, *(eos if isinstance(eos, list) else [] if eos is None else [eos])}
-        return llama_from_hf(hf_model).to(device).eval(), enc, hf
-    run_dir, step = run_step(run_dir, step)
-    if not os.path.isdir(run_dir):
-        raise SystemExit(f"error: run folder {run_dir} does not exist")
-    model, enc, meta = load_run(run_dir, step, device)
-    return model, enc, f"{run_dir} (step {meta['step']})"

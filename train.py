@@ -13,12 +13,9 @@ experiment must then be the same (config.RESUMABLE lists those that may change).
 gradient is skipped and logged. A user error is one `error:` line, exit status 1.
 """
 import dataclasses
-import gc
 import math
 import sys
 import time
-from contextlib import nullcontext
-from datetime import timedelta
 
 import numpy as np
 import torch
@@ -29,7 +26,7 @@ from data import ShardStream, data_identity, load_manifest, split_over_processes
 from jreg import JregObjective, Profile, jump_rate
 from lib.conversations import PackedStream, is_conversations
 from model import Llama
-from parallel import gradient_sync, process_device, processes, shard_fsdp, to_device, wrap_ddp
+from parallel import Group, place, processes, shard_fsdp, to_device
 from runs import Run, peak_flops, start_weights
 
 
@@ -115,8 +112,8 @@ def build_model(cfg, mcfg, device, init_sd):
 
 @dataclasses.dataclass
 class StepStats:
-    """Means over the global batch, averaged over processes: cross-entropy, penalty Σ_l w_l Ψ_l, the loss
-    CE + λ · penalty, and Ψ_1..Ψ_L; and how many processes were asked to stop."""
+    """Means over the global batch: cross-entropy, penalty Σ_l w_l Ψ_l, the loss CE + λ · penalty, and Ψ_1..Ψ_L; and
+    how many processes were asked to stop."""
     ce: torch.Tensor
     penalty: torch.Tensor
     loss: torch.Tensor
@@ -133,28 +130,29 @@ def token_counts(batch, skip_first):
 
 def train_step(objective, batches, counts, cfg, autocast, set_gradient_sync, stop):
     """Forward and backward of a step's micro-batches (on the device; counts: their token counts). CE and Ψ are means
-    over the whole global batch (its targets, its counted tokens), whatever the micro-batching and the number of
-    processes: each micro-batch's share of them scales its loss. stop: whether this process was asked to stop (a
-    signal); the processes asking are counted in the stats' all-reduce, so no step needs a collective of its own."""
+    over the whole global batch, whatever the micro-batching and the number of processes: a micro-batch's means are
+    weighted by its share of the global batch's targets (CE) and counted tokens (Ψ), so the weighted sums over every
+    micro-batch of every process are the global means (1×8, 2×4 and 8×1 give the same step). stop: whether this
+    process was asked to stop (a signal); the stats' all-reduce counts the processes asking."""
     totals = counts.sum(0)
     if dist.is_initialized():
-        dist.all_reduce(totals)
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    shares = counts * world / totals.clamp(min=1)                 # × world: DDP averages gradients over processes
-    ce_sum, penalty_sum, loss_sum, psi_sum = 0.0, 0.0, 0.0, 0.0
+        dist.all_reduce(totals)                                   # the global batch's targets and counted tokens
+    shares = counts / totals.clamp(min=1)                         # each micro-batch's part of them: (CE, Ψ)
+    world = dist.get_world_size() if dist.is_initialized() else 1     # DDP and FSDP average gradients over processes
+    ce_sum, penalty_sum, psi_sum = 0.0, 0.0, 0.0
     for micro, (x, y, mask) in enumerate(batches):
         set_gradient_sync(micro == len(batches) - 1)              # all-reduced once, after the last micro-batch
         with autocast:
-            ce, penalty, psi = objective(x, y, mask)              # one forward: CE, Σ_l w_l Ψ_l, Ψ_1..Ψ_L
+            ce, penalty, psi = objective(x, y, mask)              # one forward: CE, Σ_l w_l Ψ_l, Ψ_1..Ψ_L (means)
         ce_share, psi_share = shares[micro]
-        loss = ce * ce_share + cfg.jreg_lambda * penalty * psi_share       # CE + λ · Σ_l w_l Ψ_l
-        loss.backward()
+        loss = ce * ce_share + cfg.jreg_lambda * penalty * psi_share       # CE + λ · Σ_l w_l Ψ_l, this part of it
+        (loss * world).backward()                                 # × world: the processes' average is their sum
         ce_sum, penalty_sum = ce_sum + ce.detach() * ce_share, penalty_sum + penalty.detach() * psi_share
-        loss_sum, psi_sum = loss_sum + loss.detach(), psi_sum + psi * psi_share
-    stopping = psi_sum.new_full((1,), float(stop) * world)       # summed: the processes asked to stop
-    stats = torch.cat([torch.stack([ce_sum, penalty_sum, loss_sum]), psi_sum, stopping]) / world
+        psi_sum = psi_sum + psi * psi_share
+    stats = torch.cat([torch.stack([ce_sum, penalty_sum, ce_sum + cfg.jreg_lambda * penalty_sum]), psi_sum,
+                       psi_sum.new_full((1,), float(stop))])
     if dist.is_initialized():
-        dist.all_reduce(stats)
+        dist.all_reduce(stats)                                    # the sums over processes: the global means
     return StepStats(*stats[:3], stats[3:-1], stats[-1])
 
 
@@ -183,17 +181,10 @@ def main(argv):
         return print(usage())
     cfg = load_config(argv)
     proc = processes()
-    if cfg.fsdp and not proc.distributed:
-        fail("fsdp=True needs torch.distributed: launch with torchrun (--nproc_per_node=1 for one GPU)")
     grad_accum = grad_accum_steps(cfg, proc.world)
-    cfg.device = process_device(cfg.device, proc.local_rank, proc.local_world)
-    device = torch.device(cfg.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    torch.manual_seed(cfg.seed)                                   # the initialisation; nothing random after it
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()   # over fp32 weights
+    device, autocast = place(cfg, proc)                           # bf16 autocast over fp32 weights, or none
+    torch.manual_seed(cfg.seed)            # the initialisation; training draws nothing random after it (dropout would:
+                                           # docs/ablations.md says what an exact resume then needs)
 
     # ---- setup: the weights to start from and the data, checked before anything is written
     init_sd, mcfg = start_weights(cfg)
@@ -208,25 +199,20 @@ def main(argv):
 
     # ---- resume: the run folder locked and checked, then the model and optimizer at its newest checkpoint
     run = Run(cfg, mcfg, data_identity(cfg.data_dir), proc.rank)
-    if proc.distributed:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                timeout=timedelta(minutes=cfg.dist_timeout_min))
+    group = Group(proc, device, cfg)                              # torchrun's processes: their group, before the model
     model, optimizer = build_model(cfg, mcfg, device, None if run.step else init_sd)
     del init_sd
     run.restore(model, optimizer)
     step, seq_index = run.step, run.seq_index
     run.start(device, model, f"model {cfg.init_from or cfg.model}: {model.num_params() / 1e6:.1f}M parameters, "
               f"{mcfg.n_layer} layers | world {proc.world} | grad_accum {grad_accum} | device {device} "
-              f"{'bf16' if bf16 else 'fp32'} | jreg λ={cfg.jreg_lambda} α={cfg.jreg_alpha} {cfg.jreg_weighting}")
+              f"{'bf16' if isinstance(autocast, torch.autocast) else 'fp32'} | jreg λ={cfg.jreg_lambda} α={cfg.jreg_alpha} {cfg.jreg_weighting}")
 
     # the penalty's settings, all here: w_l = layer_weights(L, α, weighting), h_L's convention, position 0; λ below
     objective = JregObjective(model, alpha=cfg.jreg_alpha, weighting=cfg.jreg_weighting,
                               final_norm=cfg.jreg_final_norm, skip_first=cfg.jreg_skip_first,
                               penalize=cfg.jreg_lambda > 0, compile_penalty=cfg.compile and cfg.fsdp).to(device)
-    if proc.distributed and not cfg.fsdp:        # DDP before compile, as PyTorch documents: buckets overlap backward
-        objective = wrap_ddp(objective, device)
-    set_gradient_sync = gradient_sync(model, objective, cfg, proc.distributed)
-    forward = torch.compile(objective) if cfg.compile and not cfg.fsdp else objective
+    group.wrap(objective, model)                   # group.forward: DDP-wrapped and compiled as cfg says, in that order
     flops_per_step, (_, peak) = model.flops_per_token(cfg.seq_len) * cfg.batch_tokens, peak_flops(device)
 
     # ---- the loop: one wait for the device a step (whether to apply it), outside logging, eval and checkpoint steps
@@ -237,9 +223,10 @@ def main(argv):
     batches, counts = batches_at(seq_index)
     while step < cfg.max_steps:
         t0, lr = time.time(), lr_at(step, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        stats = train_step(forward, batches, counts, cfg, autocast, set_gradient_sync, run.stop_requested())
+        for param_group in optimizer.param_groups:
+            param_group["lr"] = lr
+        stats = train_step(group.forward, batches, counts, cfg, autocast, group.set_gradient_sync,
+                           run.stop_requested())
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         batches, counts = batches_at(seq_index + seqs_per_step)   # the next step's, read while the device works
@@ -267,15 +254,8 @@ def main(argv):
             break                                               # stopped by a signal, its checkpoint saved
 
     # ---- teardown
-    run.close()
-    if proc.distributed:
-        # DDP's reducer goes first, while the group lives: were it the last holder of a gloo group, freeing it after
-        # destroy_process_group would join the group's thread holding the GIL (a deadlock). Every handle to it goes.
-        del forward, objective, set_gradient_sync
-        torch._dynamo.reset()                                   # compiled code refers to it too
-        gc.collect()
-        dist.barrier()
-        dist.destroy_process_group()
+    run.close()                                                   # an async checkpoint in flight is published
+    group.close()
 
 
 if __name__ == "__main__":

@@ -47,7 +47,8 @@ from lib.generation import generate, generate_uncached
 from jreg import JregObjective, jreg_penalty
 from lib.hf import llama_to_hf
 from model import ChunkedCrossEntropy, Llama, LlamaConfig, PRESETS
-from runs import PEAK_FLOPS, check_device, git, int_at_least, list_checkpoints, load_checkpoint, peak_flops
+from lib.commands import check_device, int_at_least
+from runs import PEAK_FLOPS, git, list_checkpoints, load_checkpoint, peak_flops
 
 
 CLOCK = time.perf_counter      # --cpu_time: time.process_time, this process's CPU seconds (a machine shared)
@@ -121,8 +122,10 @@ def estimate(mcfg, micro_batch, seq_len, mode="autocast", checkpointing=False, l
     streams = (L + 1) * 4 * d if jreg else 0        # the penalty's gradients of h_0..h_L, waiting for their block
     rows = min(loss_chunk, n)
     if loss_chunk:   # one chunk's logits and what autograd keeps of them (its log-softmax, beside the fp32 logits in
-        # fp32); the gradients for the final hidden and the head (made in the forward pass, then scaled)
-        loss_fwd, loss_bwd = (11 if c == 4 else 10) * rows * V + (4 + 2 * c) * V * d + 4 * n * d, 8 * (n + V) * d
+        # fp32); the gradients for the final hidden and the head (made in the forward pass, then scaled): the head's
+        # fp32 sum and one chunk's fresh gradient (fp32; autocast: bf16, and its cast to fp32)
+        loss_fwd = (11 if c == 4 else 10) * rows * V + (8 if c == 4 else 10) * V * d + 4 * n * d
+        loss_bwd = 8 * (n + V) * d
     else:            # log-softmax and two gradients of every logit in fp32 (compiled: ~2.5 bytes a logit)
         loss_fwd, loss_bwd = (2.5 if compiled else 8) * n * V, (2.5 if compiled else 12) * n * V
     copies = 2 * (L * p_block + V * d) if c == 2 else 0                 # autocast's cached bf16 weights

@@ -23,7 +23,7 @@ import sys
 
 from lib.conversations import fit_context
 from lib.generation import generate
-from runs import check_device, int_at_least, load_llama
+from lib.commands import check_device, int_at_least, load_llama
 
 
 def shown_part(text, stop_texts):

@@ -32,7 +32,8 @@ from lib.progress import Progress
 from lib.judge import (
     Cache, JUDGE_MAX_TOKENS, Judge, NEED_REF_CATS, category, digest, fastchat_data, judge_answers, jsonl_records,
     load_judge_prompts)
-from runs import check_device, check_writable, checkpoint_path, int_at_least, list_checkpoints, load_llama, run_step
+from lib.commands import check_device, check_writable, checkpoint_path, int_at_least, load_llama
+from runs import list_checkpoints, run_step
 
 
 TEMPERATURE = {"writing": 0.7, "roleplay": 0.7, "extraction": 0.0, "math": 0.0, "coding": 0.0, "reasoning": 0.0,

@@ -23,7 +23,8 @@ import torch
 from lib.conversations import HEADERS, chat_template, prompt_ids, render
 from data import EOT, HFTokenizer, one_line, tokenizer_tag
 from lib.hf import llama_to_hf
-from runs import check_writable, load_run, run_step
+from lib.commands import check_writable, load_run
+from runs import run_step
 
 
 # conversations.render's chat template: EOT, then each turn's header and content; EOT closes each

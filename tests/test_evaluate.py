@@ -32,6 +32,7 @@ from model import Llama, LlamaConfig
 from lib import conversations as CV
 import data as D
 from lib import profiles as P
+from lib import commands
 import runs as R
 from lib import tasks as TK
 from lib.hf import llama_to_hf
@@ -545,7 +546,7 @@ def test_profile_of_a_fine_tuning_run_equals_its_eval_and_measures_the_answers(t
     assert p["psi"] == pytest.approx(record["psi"], abs=1e-6)
     val = CV.PackedStream(data, "val", 64, 0, "bytes", 320)
     x, y, real = val.batch(0, val.per_epoch)
-    model, _, _ = R.load_run(run)
+    model, _, _ = commands.load_run(run)
     with torch.no_grad():
         hidden = model(x).hidden_states
     assert p["n_tokens"] == real.sum() and p["assistant"]["n_tokens"] == (y != -1).sum()
@@ -648,9 +649,9 @@ def test_run_at_step_names_a_checkpoint_in_every_command(tmp_path, data_dir):
         with pytest.raises(SystemExit, match=f"^error: {re.escape(run)}@10 and --step 20 name two checkpoints"):
             main(argv)
     assert not os.path.exists("chat_eval_cache.jsonl.lock")     # refused before its default cache is locked
-    assert R.load_run(run + "@10")[2]["step"] == R.load_run(run, 10)[2]["step"] == 10
+    assert commands.load_run(run + "@10")[2]["step"] == commands.load_run(run, 10)[2]["step"] == 10
     os.rename(run, run + "@20")                            # a folder whose name holds '@' is itself
-    assert R.load_run(run + "@20")[2]["step"] == 20
+    assert commands.load_run(run + "@20")[2]["step"] == 20
 
 
 def test_all_ckpts_without_a_run_and_a_text_too_short_are_one_line(tmp_path):
@@ -811,7 +812,7 @@ def test_profile_of_a_run_reads_train_val_windows(tmp_path, monkeypatch):
     out = tmp_path / "p.json"
     E.main([run, "--profile", "--seq_len", "16", "--profile_tokens", "64", "--analysis_tokens", "0", "--out", str(out)])
     assert calls == [("DATA", "bytes", TOK.n_vocab, 16, 4)]
-    model, _, _ = R.load_run(run, tokenizer=TOK)
+    model, _, _ = commands.load_run(run, tokenizer=TOK)
     expected = {**P.profile_model(model, [windows], analysis_tokens=0), "seq_len": 16, "windows": "DATA"}
     got = json.loads(out.read_text())["profile"]
     assert set(got) == set(expected) and all(got[k] == pytest.approx(expected[k]) for k in expected)
@@ -1204,15 +1205,15 @@ def test_models_of_different_max_seq_len_are_profiled_on_the_same_windows(tmp_pa
     res = json.loads(out.read_text())
     assert res["config"]["profile_seq_len"] == 32
     assert [m["profile"]["seq_len"] for m in res["models"].values()] == [32, 32]
-    model, tok, _ = R.load_run(sft_run)
+    model, tok, _ = commands.load_run(sft_run)
     expected = P.profile_model(model, [P.text_windows(TK.ModelLM(model, tok), [str(text)], 4, 32)], analysis_tokens=0)
     assert res["models"]["sft"]["profile"]["psi"] == pytest.approx(expected["psi"], abs=1e-6)
     assert [m["profile"]["windows"] for m in res["models"].values()] == [[str(text)]] * 2
     # without --shards / --text, runs trained on other data have no windows in common: one line, before any model
     # loads. (Before: each was profiled on its own validation data, side by side as if comparable.)
     for run, data in ((base, "data/kjv"), (sft_run, "data/sharegpt")):
-        ckpt = torch.load(R.checkpoint_path(run), weights_only=False)          # not memory-mapped: rewritten
-        torch.save({**ckpt, "config": {**ckpt["config"], "data_dir": data}}, R.checkpoint_path(run))
+        ckpt = torch.load(commands.checkpoint_path(run), weights_only=False)          # not memory-mapped: rewritten
+        torch.save({**ckpt, "config": {**ckpt["config"], "data_dir": data}}, commands.checkpoint_path(run))
     with pytest.raises(SystemExit, match=f"^error: --profile compares the models on the same windows, but the runs' "
                                          f"own validation data differ \\({base}: data/kjv, {sft_run}: data/sharegpt\\): "
                                          "give --shards, --text or --profile_task$"):

@@ -20,7 +20,7 @@ from model import Llama, LlamaConfig
 from data import HFTokenizer, get_tokenizer, kjv_path, smollm2_gguf
 from lib.conversations import prompt_ids, render
 from scripts.prepare_sft import clean, to_messages
-import runs as R
+from lib import commands
 from lib import tasks as TK
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
@@ -66,7 +66,7 @@ def exported(request, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
         hf, tok = AutoModelForCausalLM.from_pretrained(root / "hf"), AutoTokenizer.from_pretrained(root / "hf")
-        model, enc, _ = R.load_run(run, 5)
+        model, enc, _ = commands.load_run(run, 5)
         yield model, enc, hf.eval(), tok, root / "hf"
 
 
@@ -170,7 +170,7 @@ def test_bfloat16_overwrite_and_atomic_write(tmp_path):
     run, out = save_run(str(tmp_path / "run")), tmp_path / "hf"
     export.export(run, str(out))
     export.export(run, str(out), dtype="bfloat16", overwrite=True)
-    weights, (model, _, _) = load_file(out / "model.safetensors"), R.load_run(run)
+    weights, (model, _, _) = load_file(out / "model.safetensors"), commands.load_run(run)
     assert weights["lm_head.weight"].dtype == torch.bfloat16
     assert torch.equal(weights["lm_head.weight"], model.lm_head.weight.bfloat16())
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
@@ -200,7 +200,7 @@ def test_own_tokenizer_without_a_template_gets_ours(tmp_path):
     hf.save_pretrained(tmp_path / "run" / "tokenizer")                         # as train.py keeps it
     run = save_run(str(tmp_path / "run"), "hf:" + smollm2_gguf(), vocab_size=49152)
     export.export(run, str(tmp_path / "hf"))
-    _, enc, _ = R.load_run(run)
+    _, enc, _ = commands.load_run(run)
     assert isinstance(enc, HFTokenizer) and enc.hf.chat_template is None
     tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
     for conv in sharegpt(30):
@@ -226,7 +226,7 @@ def test_an_edited_model_is_not_exported_as_a_standard_llama(tmp_path, monkeypat
     monkeypatch.setattr(M.Attention, "forward", forward)
     export.main([run, str(tmp_path / "hf"), "--dtype", "bfloat16"])              # the model as it is: exported
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
-    assert hf.dtype == torch.bfloat16 and torch.equal(hf.model.norm.weight, R.load_run(run)[0].norm.weight.bfloat16())
+    assert hf.dtype == torch.bfloat16 and torch.equal(hf.model.norm.weight, commands.load_run(run)[0].norm.weight.bfloat16())
 
 
 def test_refusals(tmp_path):

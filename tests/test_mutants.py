@@ -20,6 +20,7 @@ from lib import generation
 from lib import judge as J
 from scripts import prepare_sft
 from lib import profiles as P
+from lib import commands
 import runs as R
 from scripts import survey
 from lib import tasks as TK
@@ -366,7 +367,7 @@ def test_load_run_reads_the_runs_own_copy_of_its_hugging_face_tokenizer(tmp_path
     tok = bpe_tokenizer()
     run = eval_run(str(tmp_path / "run"), steps=(1,), config={"tokenizer": f"hf:{tmp_path / 'gone'}"})
     tok.save_pretrained(os.path.join(run, "tokenizer"))
-    _, enc, _ = R.load_run(run)
+    _, enc, _ = commands.load_run(run)
     assert enc.encode_ordinary("In the beginning") == tok.encode("In the beginning", add_special_tokens=False)
 
 

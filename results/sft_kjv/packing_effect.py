@@ -7,12 +7,12 @@ import json, os, platform, sys
 import numpy as np, torch, torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from lib import conversations  # noqa: E402
-import runs  # noqa: E402
+from lib.commands import load_run  # noqa: E402
 torch.set_num_threads(1)
 run_dir, seq_len, out, *rest = sys.argv[1:]
 cut = rest.index("--") if "--" in rest else len(rest)
 data_dirs, commands, seq_len = rest[:cut], rest[cut + 1:], int(seq_len)
-model, enc, meta = runs.load_run(run_dir)
+model, enc, meta = load_run(run_dir)
 
 
 def losses(x, y):  # the cross-entropy of every target, 0 where y = -1
