@@ -151,6 +151,8 @@ def load_config(argv):
             layer, source = {key: parse(text, types.get(key, str))}, "(from the command line)"
         else:
             layer, source = read_config_file(arg), f"in {arg}"
+        if isinstance(layer.get("shape"), dict):        # a resolved config (config.json's) writes the shape as a dict
+            layer = {**{k: v for k, v in layer.items() if k != "shape"}, **layer["shape"]}
         for key in layer:
             if PAIRED.get(key) not in layer:
                 values.pop(PAIRED.get(key), None)

@@ -333,7 +333,7 @@ def memory_table(args):
           + f" {'total':>7s} {'margin':>7s}")
     for path in args.memory:
         cfg = load_config([path])
-        mcfg = start_shape(cfg, path) if cfg.init_from and cfg.n_layer is None else model_config(cfg)
+        mcfg = start_shape(cfg, path) if cfg.init_from and not cfg.shape else model_config(cfg)
         fsdp, compiled, ckpt = (getattr(cfg, a) if getattr(args, k) is None else getattr(args, k) for k, a in
                                 (("fsdp", "fsdp"), ("compile", "compile"), ("checkpointing", "activation_checkpointing")))
         mode = "fp32" if cfg.dtype == "float32" else "autocast"

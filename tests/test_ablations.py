@@ -88,17 +88,18 @@ def test_the_names_the_page_gives_exist():
     doc = open(DOC, encoding="utf-8").read()
     from lib import hf
     import runs
+    from lib import commands
     names = {"train_step": train, "build_model": train, "validate": train, "main": train, "Llama.forward": M,
              "Llama.reset_parameters": M, "Block.forward": M, "Attention.forward": M, "MLP.forward": M,
              "RMSNorm": M, "ChunkedCrossEntropy": M, "chunk_loss_and_grads": M, "chunk_loss": M, "JregObjective.__init__": jreg,
              "JregObjective.forward": jreg, "streams": jreg, "displacement": jreg, "layer_weights": jreg,
              "jreg_penalty": jreg, "WEIGHTINGS": jreg, "RESUMABLE": CF, "llama_to_hf": hf, "llama_from_hf": hf,
-             "restore": runs, "load_run": runs}
+             "restore": runs, "load_run": commands}
     for name, module in names.items():                 # named on the page, and there (an AttributeError if not)
         assert f"`{name}`" in doc or f"`{module.__name__}.{name}`" in doc, name
         functools.reduce(getattr, name.split("."), module)
     lines = {"loss = ce * ce_share + cfg.jreg_lambda * penalty * psi_share": train.train_step,
-             "loss.backward()": train.train_step, "(self.weights * psi).sum()": jreg.JregObjective.forward,
+             "(loss * world).backward()": train.train_step, "(self.weights * psi).sum()": jreg.JregObjective.forward,
              "out.hidden_states[:-1] + [out.final_hidden]": jreg.streams}
     for line, where in lines.items():
         assert f"`{line}`" in doc and line in inspect.getsource(where), line
@@ -202,7 +203,7 @@ def test_qk_norm_changes_training_and_generation(monkeypatch):
     missing, unexpected = model.load_state_dict(plain.state_dict(), strict=False)
     assert set(missing) == gains and not unexpected
     with pytest.raises(RuntimeError, match=r"Missing key\(s\) in state_dict: .*q_norm"):
-        model.load_state_dict(plain.state_dict())                    # as runs.restore and runs.load_run load
+        model.load_state_dict(plain.state_dict())                    # as runs.restore and commands.load_run load
     params = dict(model.named_parameters())
     assert all(torch.equal(params[name], torch.ones(mcfg.head_dim)) for name in gains)   # reset_parameters: gains 1
     no_decay = {id(p) for g in optimizer.param_groups if g["weight_decay"] == 0 for p in g["params"]}

@@ -35,7 +35,7 @@ from lib import profiles as P
 from lib import commands
 import runs as R
 from lib import tasks as TK
-from lib.hf import llama_to_hf
+from lib.hf import llama_to_hf, load_hf
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
@@ -1181,7 +1181,7 @@ def test_hf_profile_with_the_shards_tokenizer_reads_their_windows(gpt2_folders, 
     E.main(["--hf", str(root / "gpt2"), "--profile", "--shards", shards, "--seq_len", "32", "--profile_tokens", "64",
             "--analysis_tokens", "0", "--out", str(out)])
     got = json.loads(out.read_text())["profile"]
-    target = P.profile_target(R.load_hf(str(root / "gpt2"))[0])
+    target = P.profile_target(load_hf(str(root / "gpt2"))[0])
     expected = P.profile_model(target, [D.val_windows(shards, "gpt2", 50304, 32, 2)], analysis_tokens=0)
     assert got["n_tokens"] == 64 and got["seq_len"] == 32 and got["psi"] == pytest.approx(expected["psi"], abs=1e-6)
 

@@ -340,7 +340,7 @@ def test_init_from_latest_is_the_newest_checkpoint(tmp_path):
 
 
 def _resume_case():
-    cfg = CF.Config(model="tiny", data_dir="data/a", tokenizer="bytes", vocab_size=320)
+    cfg = CF.Config(model="tiny", data_dir="data/a", tokenizer="bytes", shape={"vocab_size": 320})
     mcfg = CF.model_config(cfg)
     return cfg, mcfg, {"config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg)}
 

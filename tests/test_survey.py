@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import evaluate as E
 from scripts import survey
 from lib import profiles
-import runs
+from lib.hf import load_hf
 
 TEXT = "In the beginning God created the heaven and the earth. And the earth was without form, and void. " * 12
 
@@ -66,7 +66,7 @@ def folders(tmp_path_factory):
 def test_hooks_give_the_streams_transformers_reports(folders, family):
     """Ψ through forward hooks on the blocks equals Ψ from output_hidden_states (h_0..h_(L−1) raw, h_L normed), and
     the raw h_L is the final norm's input."""
-    model, _ = runs.load_hf(str(folders / family))
+    model, _ = load_hf(str(folders / family))
     assert profiles.profile_target(model) is model                  # not a Llama: profiled through hooks
     windows = torch.randint(0, model.config.vocab_size, (2, 17))
     p = profiles.profile_model(model, [windows], analysis_tokens=0)
@@ -95,7 +95,7 @@ def test_survey_of_three_families_table_json_and_plot(folders, tmp_path, capsys,
     assert res["complete"] and list(res["models"]) == dirs
     for name, r in res["models"].items():
         assert r["profile"]["n_tokens"] == 64 and r["seq_len"] == 16 and r["load_s"] >= 0 and r["profile_s"] >= 0
-        assert r["params"] == sum(p.numel() for p in runs.load_hf(name)[0].parameters())       # tied weights once
+        assert r["params"] == sum(p.numel() for p in load_hf(name)[0].parameters())       # tied weights once
         s, p = r["summary"]["raw"], r["profile"]
         assert s["zeta_L"] == p["zeta"][-1] and s["zeta_L_minus_2"] == p["zeta"][-3]
         assert s["middle_psi"] == pytest.approx(np.mean(p["psi"][1:p["n_layer"] - 2]))        # layers 2..L−2
@@ -120,7 +120,7 @@ def test_revisions_pass_through_and_form_a_series(folders, tmp_path, monkeypatch
     def fake_load_hf(path, gguf_file=None, device="cpu", dtype=torch.float32, revision=None):
         calls.append((path, revision))
         return real_load_hf(str(folders / "gpt2"), device=device, dtype=dtype)
-    real_load_hf = runs.load_hf
+    real_load_hf = load_hf
     monkeypatch.setattr(survey, "load_hf", fake_load_hf)
     out, plots = tmp_path / "s.json", tmp_path / "plots"
     survey.main(["--hf", "org/pythia@step20", "org/pythia@step3", "org/pythia@main", "org/olmo@step40-tokens4B",
