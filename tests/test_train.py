@@ -816,8 +816,9 @@ def test_two_processes_match_one(data_dir, tmp_path, mode):
 
 def test_ddp_and_fsdp_train_under_one_numerics_policy(data_dir, tmp_path):
     """bf16 autocast over fp32 weights under DDP and FSDP alike (the residual stream is fp32 in both): on the same
-    weights 2-process DDP and FSDP give the same val loss, loss and gradient norm to fp32 rounding; later steps agree
-    to bf16's noise; a run that switches to FSDP on resume goes on as an FSDP run does, the switch recorded in its
+    weights 2-process DDP and FSDP give the same val loss and loss to fp32 rounding and the same gradient norm within
+    5e-5 (in fp32 the two norms agree to 6e-8; under bf16 autocast the CPU's bf16 kernels round FSDP's gathered weights'
+    products apart from DDP's: 2.5e-6 relative on one CPU, 1.2e-5 on another); later steps agree to bf16's noise; a run that switches to FSDP on resume goes on as an FSDP run does, the switch recorded in its
     history. (Before: FSDP cast its weights to bf16: val loss 1.9e-4 apart at step 0, gradient norm 1.9e-4 relative;
     and a DDP checkpoint, its optimizer state keyed by position, could not be resumed under FSDP.)"""
     args = ["--max_steps=4", "--eval_interval=4", "--ckpt_interval=2", "--jreg_lambda=1.0", "--dtype=bfloat16"]
@@ -826,7 +827,7 @@ def test_ddp_and_fsdp_train_under_one_numerics_policy(data_dir, tmp_path):
     switched, _ = torchrun(2, tmp_path / "switched", data_dir, *args, "--fsdp=True")       # resumed under FSDP
     assert ddp_eval[0]["val_loss"] == pytest.approx(fsdp_eval[0]["val_loss"], rel=1e-6)
     assert ddp[0]["loss"] == pytest.approx(fsdp[0]["loss"], rel=1e-6)
-    assert ddp[0]["grad_norm"] == pytest.approx(fsdp[0]["grad_norm"], rel=1e-5)
+    assert ddp[0]["grad_norm"] == pytest.approx(fsdp[0]["grad_norm"], rel=5e-5)
     np.testing.assert_allclose([r["loss"] for r in switched], [r["loss"] for r in fsdp], rtol=0, atol=1e-3)
     history = json.load(open(tmp_path / "switched" / "config.json"))["history"]
     assert history[1]["changed"] == {"max_steps": [2, 4], "fsdp": [False, True]}
