@@ -436,7 +436,36 @@ def quickstart_time():
             f"the committed seed-1337 rows to the last printed digit (`results/kjv/quickstart_run.json`).")
 
 
-BLOCKS = {"kjv-seeds": lambda: seed_table(*seed_study()[1:]), "kjv-paired": lambda: paired_table(*seed_study()[1:]),
+def kjv_params():
+    """The KJV model's parameter count, as the survey of its checkpoints recorded it (results/layers/survey/)."""
+    survey = json.load(open(os.path.join(ROOT, "results", "layers", "survey", "survey.json")))["models"]
+    params = {m["params"] for name, m in survey.items() if name.startswith("out/kjv/")}
+    assert len(params) == 1, params
+    return params.pop()
+
+
+def kjv_setup():
+    """The README's line on what the seed study trained: the model's size, the steps, the batch and the profile's
+    tokens of the seed runs."""
+    runs, seeds, _ = seed_study()
+    run = runs["base"][seeds[0]]
+    cfg, prof = run["config"], run["profile"]
+    words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
+    return (f"An {prof['n_layer']}-layer, d 128 Llama ({kjv_params():,} parameters) trained on the King James Bible in "
+            f"bytes, {cfg['max_steps']} steps × {cfg['batch_tokens']:,} tokens on a 2-core CPU (the quick start's runs), "
+            f"{words.get(len(seeds), len(seeds))} seeds each of the baseline, JREG λ = 1, α = 1 and JREG λ = 1, α = 3 "
+            f"(Ψ and ζ on {prof['n_tokens']:,} validation tokens, raw h_L)")
+
+
+def kjv_scale():
+    """The README's limitation: how small the seed study's model and its training are."""
+    runs, seeds, _ = seed_study()
+    cfg = runs["base"][seeds[0]]["config"]
+    return (f"One {kjv_params() / 1e6:.1f}M-parameter model on one corpus (a byte-level Bible), "
+            f"trained on a CPU for {cfg['max_steps'] * cfg['batch_tokens'] / 1e6:.1f}M tokens")
+
+
+BLOCKS = {"kjv-setup": kjv_setup, "kjv-scale": kjv_scale, "kjv-seeds": lambda: seed_table(*seed_study()[1:]), "kjv-paired": lambda: paired_table(*seed_study()[1:]),
           "kjv-runs": lambda: run_table(seed_study()[0]), "kjv-finding": lambda: finding(*seed_study()),
           "kjv-alpha3": lambda: alpha3_finding(*seed_study()),
           "kjv-layers": lambda: layer_table(*seed_study()[:2]), "kjv-layers-finding": lambda: layer_finding(*seed_study()[:2]),

@@ -100,20 +100,47 @@ def tokenize_speed():
                                f"`results/speed/tokenize_bench.py`).")
 
 
-def full_scale_estimate(mfu=0.35, peak=989e12, gpus=8, tokens=104.9e9):
+MFU, PEAK, GPUS, TOKENS = 0.35, 989e12, 8, 104.9e9      # the estimate's assumptions (H100 SXM, dense bf16)
+
+
+def full_scale_hours(mfu=MFU, peak=PEAK, gpus=GPUS, tokens=TOKENS):
+    """{config name: (its record in memory_8gpu.json, tokens/s on one node, hours for the paper's tokens)}, the
+    baselines' configs (a JREG config has the same shape)."""
+    configs = speed("memory_8gpu")["results"]["configs"]
+    out = {}
+    for path, r in configs.items():
+        if "jreg" not in path:
+            rate = mfu * peak * gpus / r["flops_per_token"]
+            out[os.path.basename(path).removesuffix(".py")] = (r, rate, tokens / rate / 3600)
+    return out
+
+
+def readme_estimate(mfu=MFU):
+    """The README's line on the full-scale runs' time, from the same estimate as docs/speed.md's table."""
+    hours = full_scale_hours(mfu)
+    sizes = {"170m": "170M", "1b": "1B", "3.4b": "3.4B"}
+    return (f"the throughput at these sizes is estimated ("
+            + ", ".join(f"{sizes.get(name, name)} ≈ {h:.0f} h" for name, (_, _, h) in hours.items())
+            + f" on one node of {GPUS} × H100 at {100 * mfu:.0f}% MFU)")
+
+
+def param_counts():
+    """The parameter counts of the paper's shapes, as bench.py --memory recorded them (memory_8gpu.json)."""
+    sizes = {"170m": "170M", "1b": "1B", "3.4b": "3.4B"}
+    return ("The parameter counts these shapes give (untied, GPT-2 vocabulary): "
+            + ", ".join(f"{r['params']:,} ({sizes.get(name, name)})" for name, (r, _, _) in full_scale_hours().items())
+            + ".")
+
+
+def full_scale_estimate(mfu=MFU, peak=PEAK, gpus=GPUS, tokens=TOKENS):
     """Not a measurement: each config's FLOPs per token (Llama.flops_per_token, in memory_8gpu.json) at an assumed MFU
     on 8 × H100 SXM (989 TFLOP/s dense bf16 each), and the time for the paper's 104.9B tokens."""
-    configs = speed("memory_8gpu")["results"]["configs"]
     lines = ["| size | parameters | GFLOP / token | tokens/s per 8 × H100 (est.) | 104.9B tokens on 1 node (est.) |",
              "|---|---|---|---|---|"]
-    for path, r in configs.items():
-        if "jreg" in path:
-            continue
-        rate = mfu * peak * gpus / r["flops_per_token"]
-        hours = tokens / rate / 3600
+    for name, (r, rate, hours) in full_scale_hours(mfu, peak, gpus, tokens).items():
         n = r["params"]
         size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
-        lines.append(f"| {os.path.basename(path).removesuffix('.py')} | {size} | {r['flops_per_token'] / 1e9:.2f} | "
+        lines.append(f"| {name} | {size} | {r['flops_per_token'] / 1e9:.2f} | "
                      f"{rate / 1e6:.2f}M | {hours:.0f} h (4 nodes: {hours / 4:.0f} h) |")
     return "\n".join(lines) + f"\n\nAssumed: {100 * mfu:.0f}% MFU, {peak / 1e12:.0f} TFLOP/s per GPU, {gpus} GPUs a node."
 
@@ -135,4 +162,4 @@ def loss_chunks():
 
 BLOCKS = {"loss-chunks": loss_chunks, "speed-training": speed_training, "speed-generation": speed_generation, "speed-against": speed_against,
           "memory-probe": memory_probe, "memory-table": memory_table, "full-scale-estimate": full_scale_estimate,
-          "tokenize-speed": tokenize_speed}
+          "tokenize-speed": tokenize_speed, "readme-estimate": readme_estimate, "param-counts": param_counts}
