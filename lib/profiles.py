@@ -435,14 +435,30 @@ LENS = dict(key="logit_lens_loss", title=r"logit lens: loss of head(norm($h_\ell
             xlabel=r"layer $\ell$ (0 = embedding)", ylabel="cross-entropy (nats)")
 
 
+def _seed(name):
+    """The seed a run's name gives (NAME_seedN), or None."""
+    import re
+    m = re.fullmatch(r".+_seed(\d+)", name.removesuffix(ASSISTANT))
+    return m and int(m.group(1))
+
+
 def _lens_difference(ax, analysed, styles):
-    """Each model's logit-lens loss minus the first model's, layer by layer (a zero line in the first's colour)."""
-    key, (ref, *others) = LENS["key"], list(analysed)
-    for name in others:
-        ax.plot(range(len(analysed[name][key])), np.subtract(analysed[name][key], analysed[ref][key]), ms=3,
-                label=styles[name][0], **styles[name][1])
-    ax.axhline(0, color=styles[ref][1]["color"], lw=1.2)
-    ax.set(title=_wrap(f"logit lens: each model's loss minus {styles[ref][0]}'s", 48),
+    """Each model's logit-lens loss minus that of the first model of its own seed (NAME_seedN; the names without a
+    seed are one seed), layer by layer, so that a seed's own effect does not enter the difference; a zero line in the
+    first model's colour."""
+    key, refs = LENS["key"], {}
+    for name in analysed:
+        refs.setdefault(_seed(name), name)
+    for name, p in analysed.items():
+        ref = refs[_seed(name)]
+        if name != ref:
+            ax.plot(range(len(p[key])), np.subtract(p[key], analysed[ref][key]), ms=3, label=styles[name][0],
+                    **styles[name][1])
+    first = next(iter(refs.values()))
+    ax.axhline(0, color=styles[first][1]["color"], lw=1.2)
+    others = [f"{styles[ref][0]}'s for seed {seed}" for seed, ref in refs.items() if ref != first]
+    ax.set(title=_wrap(f"logit lens: each model's loss minus {styles[first][0]}'s"
+                       + (f" of its own seed ({', '.join(others)})" if others else ""), 48),
            xlabel=LENS["xlabel"], ylabel="Δ cross-entropy (nats)")
 
 

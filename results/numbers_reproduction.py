@@ -233,39 +233,59 @@ def layer_finding(runs, seeds):
     return f"{work}. {moved}."
 
 
+COLOURS = {"base": "tab:blue", "jreg_a1": "tab:orange", "jreg_a3": "tab:green"}   # as lib/profiles.py colours them
+LABELS = {"base": "baseline", "jreg_a1": r"JREG $\alpha$ = 1", "jreg_a3": r"JREG $\alpha$ = 3"}
+
+
+def zero_from(curves):
+    """The first step from which every curve is 0 to its end, or None."""
+    steps = [x for x, _ in curves[0]]
+    for i, step in enumerate(steps):
+        if all(v == 0 for cv in curves for _, v in cv[i:]):
+            return step
+    return None
+
+
 def plots(runs, seeds, values):
     """psi_profiles.png: Ψ per layer, mean over seeds with a band of ± one standard deviation, layers 2..L (Ψ_1, the
     embedding's first update, is ~0.23 in every run and would flatten the rest); zeta_over_training.png: ζ_L of the
-    periodic evals (raw h_L, the runs' validation windows), every seed a thin line, the mean a thick one."""
+    periodic evals (raw h_L, the runs' validation windows), every seed a thin line, the mean a thick one, α = 1's
+    dashed over α = 3's wider line where both are 0. The conditions' colours are those lib/profiles.py gives them."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    colors = {"base": "tab:gray", "jreg_a1": "tab:blue", "jreg_a3": "tab:orange"}
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    for c, name in CONDITIONS.items():
+    for c in CONDITIONS:
         profiles = [runs[c][s]["profile"]["psi"] for s in seeds]
         layers = list(range(2, len(profiles[0]) + 1))
         stat = [mean_sd([p[l - 1] for p in profiles]) for l in layers]
         mean = [m for m, _ in stat]
-        ax.plot(layers, mean, marker="o", color=colors[c], label=f"{name} (Ψ_1 = "
+        ax.plot(layers, mean, marker="o", color=COLOURS[c], label=rf"{LABELS[c]} ($\Psi_1$ = "
                 f"{mean_sd([p[0] for p in profiles])[0]:.2f}, not drawn)")
-        ax.fill_between(layers, [m - s for m, s in stat], [m + s for m, s in stat], color=colors[c], alpha=0.2)
-    ax.set(xlabel="layer l", ylabel="Ψ_l (raw h_L, 32,768 val tokens)",
+        ax.fill_between(layers, [m - s for m, s in stat], [m + s for m, s in stat], color=COLOURS[c], alpha=0.2)
+    ax.set_xticks(layers)
+    ax.set(xlabel=r"layer $\ell$", ylabel=r"$\Psi_\ell$ (raw $h_L$, 32,768 val tokens)",
            title=f"The final-layer jump and JREG: KJV, 8 layers, mean ± sd over {len(seeds)} seeds")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(KJV, "psi_profiles.png"), dpi=120)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    for c, name in CONDITIONS.items():
+    width = {"base": 2.2, "jreg_a1": 2.2, "jreg_a3": 4.5}
+    for c in ("base", "jreg_a3", "jreg_a1"):                    # α = 1 drawn last, dashed, over α = 3's wider line
         curves = [[(e["step"], e["zeta"][-1]) for e in runs[c][s]["evals"]] for s in seeds]
         for curve in curves:
-            ax.plot(*zip(*curve), color=colors[c], alpha=0.3, linewidth=0.8)
+            ax.plot(*zip(*curve), color=COLOURS[c], alpha=0.3, linewidth=0.8)
         steps = [x for x, _ in curves[0]]
-        ax.plot(steps, [sum(cv[i][1] for cv in curves) / len(curves) for i in range(len(steps))], color=colors[c],
-                linewidth=2.2, label=f"{name}: mean of {len(curves)} seeds")
-    ax.set(xlabel="training step", ylabel="ζ_L (%, raw h_L)", title="ζ_L over training, every seed (thin) and the mean")
-    ax.legend(fontsize=8)
+        zero = zero_from(curves) if c != "base" else None
+        ax.plot(steps, [sum(cv[i][1] for cv in curves) / len(curves) for i in range(len(steps))], color=COLOURS[c],
+                linewidth=width[c], ls="--" if c == "jreg_a1" else "-",
+                label=f"{LABELS[c]}: mean of {len(curves)} seeds" + (f", every seed 0 from step {zero}" if zero else ""))
+    handles, labels = ax.get_legend_handles_labels()
+    order = [labels.index(next(lb for lb in labels if lb.startswith(LABELS[c]))) for c in CONDITIONS]
+    ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8)
+    ax.set(xlabel="training step", ylabel=r"$\zeta_L$ (%, raw $h_L$)",
+           title="ζ_L over training, every seed (thin) and the mean".replace("ζ_L", r"$\zeta_L$"))
     fig.tight_layout()
     fig.savefig(os.path.join(KJV, "zeta_over_training.png"), dpi=120)
     plt.close(fig)

@@ -13,7 +13,7 @@ from test_evaluate import plot_problems                  # tests/ is on sys.path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PSI, LENS, ZETA, EXIT = "psi_profiles.png", "layer_analysis.png", "zeta_over_checkpoints.png", "early_exit.png"
-EXPECTED = {"kjv": [LENS], "smollm2": [PSI, LENS], "layers/smollm2": [PSI, LENS, EXIT], "layers/kjv": [PSI, LENS, EXIT],
+EXPECTED = {"kjv": [LENS], "kjv/600_steps": [PSI], "smollm2": [PSI, LENS], "layers/smollm2": [PSI, LENS, EXIT], "layers/kjv": [PSI, LENS, EXIT],
             "layers/survey": [PSI, ZETA], "retrofit": [PSI, LENS, ZETA, EXIT], "sft_kjv/kjv": [PSI, LENS],
             "sft_kjv/chat": [PSI, LENS]}
 ELSEWHERE = {"kjv/psi_profiles.png", "kjv/zeta_over_training.png",   # results/collect.py's, from the seed runs
