@@ -160,6 +160,37 @@ def loss_chunks():
             f"`{rec['command']}`, {machine_line(rec)} (`results/speed/loss_chunks_170m.json`).")
 
 
+def config_values(path, *keys):
+    """The literal values a config file assigns to keys (the file is read, not run)."""
+    import ast
+    tree = ast.parse(open(os.path.join(ROOT, path)).read())
+    values = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+              if isinstance(t, ast.Name)}
+    return [ast.literal_eval(values[k]) for k in keys]
+
+
+def retrofit_full_scale(mfus=(0.40, 0.30)):
+    """The full-scale retrofit's predicted memory (bench.py --memory, results/speed/memory_retrofit_1.7b*.json) and its
+    time at assumed MFUs on 8 H100 (not measured)."""
+    compiled = speed("memory_retrofit_1.7b")
+    eager = speed("memory_retrofit_1.7b_eager")
+    configs = compiled["results"]["configs"]
+    base, jreg = (configs[f"configs/retrofit_smollm2_1.7b{s}.py"] for s in ("", "_jreg"))
+    (e,) = eager["results"]["configs"].values()
+    steps, batch = config_values("configs/retrofit_smollm2_1.7b.py", "max_steps", "batch_tokens")
+    hours = [steps * batch * base["flops_per_token"] / (m * PEAK * GPUS) / 3600 for m in mfus]
+    fpt = f"{base['flops_per_token']:.3g}".replace("e+", "e")
+    jreg_text = ("with or without JREG" if round(jreg["total"], 1) == round(base["total"], 1) else
+                 f"{jreg['total']:.1f} GiB with JREG")
+    return (f"Predicted peak per GPU on {GPUS} GPUs (`bench.py --memory`, `results/speed/memory_retrofit_1.7b*.json`): "
+            f"{base['total']:.1f} GiB of an 80 GB GPU compiled, {jreg_text}, {e['total']:.1f} GiB with JREG eager "
+            f"({100 * e['margin']:.0f}% margin). Time: {fpt} training FLOPs per token "
+            f"(`Llama.flops_per_token`) × {steps * batch / 1e9:.1f}B tokens, so "
+            + ", ".join(f"{h:.1f} h at an assumed {100 * m:.0f}% MFU" for h, m in zip(hours, mfus))
+            + f" on {GPUS} H100 (not measured: no GPU run yet)")
+
+
 BLOCKS = {"loss-chunks": loss_chunks, "speed-training": speed_training, "speed-generation": speed_generation, "speed-against": speed_against,
           "memory-probe": memory_probe, "memory-table": memory_table, "full-scale-estimate": full_scale_estimate,
-          "tokenize-speed": tokenize_speed, "readme-estimate": readme_estimate, "param-counts": param_counts}
+          "tokenize-speed": tokenize_speed, "readme-estimate": readme_estimate, "param-counts": param_counts,
+          "retrofit-full-scale": retrofit_full_scale}
