@@ -318,16 +318,18 @@ def _off_scale(ax, first, rest, what, x, sign=""):
     ax.text(x, 0.97, f"{what}: {values} (above the axis)", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
 
 
-def _psi_lines(ax, profiles, styles, names, first=1, dodge=0.0, labelled=True):
-    """Ψ_l on the raw stream from layer `first` on, and Ψ_L on the final-normed h_L as an open circle; the i-th model
-    moved right by dodge × (i − centre), so that equal values stand side by side instead of on top of each other."""
+def _psi_lines(ax, profiles, styles, names, first=1, nested=False, labelled=True):
+    """Ψ_l on the raw stream from layer `first` on, and Ψ_L on the final-normed h_L as an open circle, every point on
+    its layer's tick; nested: each model's markers a size of their own (the first, drawn first, the largest), so that
+    equal values show one inside the other instead of one hiding the other."""
     for i, n in enumerate(names):
         (label, style, panel), p = styles[n], profiles[n]
         if labelled and p["zeta"] and not panel:            # a series' ζ: zeta_over_checkpoints.png
             label += rf" ($\zeta_L$ {_zeta_l(p):.2f}, normed {_zeta_l(p, 'zeta_normed'):.2f})"
-        x = np.arange(first, p["n_layer"] + 1) + dodge * (i - (len(names) - 1) / 2)
-        ax.plot(x, p["psi"][first - 1:], ms=3, label=label if labelled else "_zoom", **style)
-        ax.plot(x[-1:], p["psi_normed"][-1:], marker="o", ms=7, mfc="none", ls="", color=style["color"])
+        x = np.arange(first, p["n_layer"] + 1)
+        grow = 2.5 * (len(names) - 1 - i) if nested else 0
+        ax.plot(x, p["psi"][first - 1:], ms=3 + grow, label=label if labelled else "_zoom", **style)
+        ax.plot(x[-1:], p["psi_normed"][-1:], marker="o", ms=7 + grow, mfc="none", ls="", color=style["color"])
 
 
 def _wrap(title, width=40):
@@ -368,7 +370,7 @@ def _psi_figure(plt, profiles, styles):
     for ax, (title, names, first) in zip(axes, shown):
         ax.set(title=title, xlabel=r"layer $\ell$", ylabel=r"$\Psi_\ell = (1 - \cos(h_{\ell-1}, h_\ell))\,/\,2$")
         if first > 1:                                     # the last layers, the models side by side
-            _psi_lines(ax, profiles, styles, names, first, dodge=min(0.12, 0.6 / len(names)), labelled=False)
+            _psi_lines(ax, profiles, styles, names, first, nested=True, labelled=False)
             ax.set_ylim(bottom=0)
             continue
         _psi_lines(ax, profiles, styles, names)
