@@ -318,16 +318,18 @@ def _off_scale(ax, first, rest, what, x, sign=""):
     ax.text(x, 0.97, f"{what}: {values} (above the axis)", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
 
 
-def _psi_lines(ax, profiles, styles, names, first=1, dodge=0.0, labelled=True):
-    """Ψ_l on the raw stream from layer `first` on, and Ψ_L on the final-normed h_L as an open circle; the i-th model
-    moved right by dodge × (i − centre), so that equal values stand side by side instead of on top of each other."""
+def _psi_lines(ax, profiles, styles, names, first=1, nested=False, labelled=True):
+    """Ψ_l on the raw stream from layer `first` on, and Ψ_L on the final-normed h_L as an open circle, every point on
+    its layer's tick; nested: each model's markers a size of their own (the first, drawn first, the largest), so that
+    equal values show one inside the other instead of one hiding the other."""
     for i, n in enumerate(names):
         (label, style, panel), p = styles[n], profiles[n]
         if labelled and p["zeta"] and not panel:            # a series' ζ: zeta_over_checkpoints.png
             label += rf" ($\zeta_L$ {_zeta_l(p):.2f}, normed {_zeta_l(p, 'zeta_normed'):.2f})"
-        x = np.arange(first, p["n_layer"] + 1) + dodge * (i - (len(names) - 1) / 2)
-        ax.plot(x, p["psi"][first - 1:], ms=3, label=label if labelled else "_zoom", **style)
-        ax.plot(x[-1:], p["psi_normed"][-1:], marker="o", ms=7, mfc="none", ls="", color=style["color"])
+        x = np.arange(first, p["n_layer"] + 1)
+        grow = 2.5 * (len(names) - 1 - i) if nested else 0
+        ax.plot(x, p["psi"][first - 1:], ms=3 + grow, label=label if labelled else "_zoom", **style)
+        ax.plot(x[-1:], p["psi_normed"][-1:], marker="o", ms=7 + grow, mfc="none", ls="", color=style["color"])
 
 
 def _wrap(title, width=40):
@@ -368,7 +370,7 @@ def _psi_figure(plt, profiles, styles):
     for ax, (title, names, first) in zip(axes, shown):
         ax.set(title=title, xlabel=r"layer $\ell$", ylabel=r"$\Psi_\ell = (1 - \cos(h_{\ell-1}, h_\ell))\,/\,2$")
         if first > 1:                                     # the last layers, the models side by side
-            _psi_lines(ax, profiles, styles, names, first, dodge=min(0.12, 0.6 / len(names)), labelled=False)
+            _psi_lines(ax, profiles, styles, names, first, nested=True, labelled=False)
             ax.set_ylim(bottom=0)
             continue
         _psi_lines(ax, profiles, styles, names)
@@ -435,14 +437,30 @@ LENS = dict(key="logit_lens_loss", title=r"logit lens: loss of head(norm($h_\ell
             xlabel=r"layer $\ell$ (0 = embedding)", ylabel="cross-entropy (nats)")
 
 
+def _seed(name):
+    """The seed a run's name gives (NAME_seedN), or None."""
+    import re
+    m = re.fullmatch(r".+_seed(\d+)", name.removesuffix(ASSISTANT))
+    return m and int(m.group(1))
+
+
 def _lens_difference(ax, analysed, styles):
-    """Each model's logit-lens loss minus the first model's, layer by layer (a zero line in the first's colour)."""
-    key, (ref, *others) = LENS["key"], list(analysed)
-    for name in others:
-        ax.plot(range(len(analysed[name][key])), np.subtract(analysed[name][key], analysed[ref][key]), ms=3,
-                label=styles[name][0], **styles[name][1])
-    ax.axhline(0, color=styles[ref][1]["color"], lw=1.2)
-    ax.set(title=_wrap(f"logit lens: each model's loss minus {styles[ref][0]}'s", 48),
+    """Each model's logit-lens loss minus that of the first model of its own seed (NAME_seedN; the names without a
+    seed are one seed), layer by layer, so that a seed's own effect does not enter the difference; a zero line in the
+    first model's colour."""
+    key, refs = LENS["key"], {}
+    for name in analysed:
+        refs.setdefault(_seed(name), name)
+    for name, p in analysed.items():
+        ref = refs[_seed(name)]
+        if name != ref:
+            ax.plot(range(len(p[key])), np.subtract(p[key], analysed[ref][key]), ms=3, label=styles[name][0],
+                    **styles[name][1])
+    first = next(iter(refs.values()))
+    ax.axhline(0, color=styles[first][1]["color"], lw=1.2)
+    others = [f"{styles[ref][0]}'s for seed {seed}" for seed, ref in refs.items() if ref != first]
+    ax.set(title=_wrap(f"logit lens: each model's loss minus {styles[first][0]}'s"
+                       + (f" of its own seed ({', '.join(others)})" if others else ""), 48),
            xlabel=LENS["xlabel"], ylabel="Δ cross-entropy (nats)")
 
 

@@ -1,5 +1,5 @@
 """
-Every results number that README.md and docs/ quote is written by this script from committed files, between markers
+The results numbers that README.md and docs/ quote are written by this script from committed files, between markers
 
     <!-- results/collect.py: NAME -->
     ...generated text...
@@ -10,6 +10,14 @@ no longer equals what the committed files give.
 
     python results/collect.py            # rewrite the blocks in README.md and docs/, and the seed study's plots
     python results/collect.py --check    # exit 1 and name the blocks that differ (no file is written)
+
+What `--check` guards: (1) every block in README.md and docs/*.md equals what its function gives now; (2) in README.md,
+every result-like number outside the blocks (a decimal such as 0.0224, a number with thousands separators such as
+1,558,656, a number before a unit of time or memory such as 9 h) is one that some block writes or that a config file
+sets (config.py, configs/*.py, model.py, and the configs' file names), or stands in one of the phrases of FACTS (the
+paper's identifiers, the Python version). Code spans, code blocks, link targets and HTML comments are skipped. The
+prose of docs/ outside the blocks is not checked: a number there that no block writes is a setting or a description,
+and a reader should treat it as unchecked.
 
 Each block is a function of the module for its page, which reads the committed files and says how:
 numbers_reproduction.py (the seed study, the 600-step runs, other CPUs, the quick start), numbers_finetuning.py,
@@ -47,6 +55,36 @@ def rewrite(text, generated, path, stale):
     return MARKER.sub(one, text)
 
 
+# README numbers that are neither results nor settings: each phrase as the README writes it
+FACTS = ("arXiv 2601.18302", "[2601.18302", "DOI 10.18653", "Python 3.10+", "a line every 30 s")
+SKIPPED = re.compile(r"```[\s\S]*?```|`[^`\n]*`|\]\([^)]*\)|<!--[\s\S]*?-->")
+RESULT_LIKE = re.compile(r"(?<![\w.,])(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+|\d+(?= ?(?:h|min|s|GiB|GB)\b))"
+                         r"(?![\w.,]*\d)")
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+SETTINGS = ("config.py", "model.py", "configs/*.py")
+
+
+def known_numbers(generated):
+    """Every number a block writes or a settings file holds (its text and, for configs/, its name), without commas."""
+    texts = list(generated.values())
+    for pattern in SETTINGS:
+        for path in sorted(glob.glob(os.path.join(ROOT, pattern))):
+            texts += [open(path).read(), os.path.basename(path)]
+    return {n.replace(",", "") for text in texts for n in NUMBER.findall(text)}
+
+
+def unsourced(text, generated):
+    """The result-like numbers of text outside its blocks that no block writes and no settings file holds, each with
+    the words around it."""
+    outside = MARKER.sub(" ", text)
+    outside = SKIPPED.sub(" ", outside)
+    for phrase in FACTS:
+        outside = outside.replace(phrase, " ")
+    known = known_numbers(generated)
+    return [f"{m.group()} in \"…{outside[max(0, m.start() - 40):m.end() + 20].strip()}…\"".replace("\n", " ")
+            for m in RESULT_LIKE.finditer(outside) if m.group().replace(",", "") not in known]
+
+
 def main(argv):
     check = "--check" in argv
     generated, stale = blocks(), []
@@ -55,15 +93,18 @@ def main(argv):
         new = rewrite(text, generated, path, stale)
         if new != text and not check:
             open(path, "w").write(new)
+    loose = unsourced(open(os.path.join(ROOT, "README.md")).read(), generated)
+    if loose:
+        print("README.md: numbers outside the generated blocks that no block writes and no config sets (generate "
+              "them, or name the phrase in results/collect.py's FACTS):\n  " + "\n  ".join(loose))
     if check:
         if stale:
             print("stale blocks (run python results/collect.py):\n  " + "\n  ".join(stale))
-            return 1
-        return 0
+        return 1 if stale or loose else 0
     numbers_reproduction.plots(*numbers_reproduction.seed_study())
     print("\n\n".join(generated.values()))
     print("rewrote: " + (", ".join(stale) or "nothing changed"))
-    return 0
+    return 1 if loose else 0
 
 
 if __name__ == "__main__":

