@@ -453,7 +453,26 @@ def quickstart_time():
         times.append(f"{m} min {sec} s (`{run['commit']}`)")
     return (f"From fresh clones the quick start took {' and '.join(times)} (`time bash quickstart.sh`, the packages "
             f"already installed; {q['machine']['cpu']}, torch {q['machine']['torch']}), and each time its table equalled "
-            f"the committed seed-1337 rows to the last printed digit (`results/kjv/quickstart_run.json`).")
+            f"the committed seed-1337 rows to the last printed digit (`results/kjv/quickstart_run.json`)."
+            + quickstart_code_change(q["code_change"]))
+
+
+def quickstart_code_change(change):
+    """How far the quick start moved on one CPU when the loss's gradient arithmetic changed (old and new commit)."""
+    def table(run):                                 # {(name, column): value} of the printed "yours" rows
+        rows = [line.strip("| ").split(" | ") for line in run["printed"] if "| yours |" in line]
+        return {(r[0], col): float(v) for r in rows for col, v in zip(("loss", "psi", "zeta", "zeta2"), r[2:])}
+    old, new = (table(run) for run in change["runs"])
+    moved = {col: max(abs(new[k] - old[k]) for k in old if k[1] == col) for col in ("loss", "psi", "zeta", "zeta2")}
+    before, after = change["runs"]
+    loss, _, psi, zeta, _ = cpu_drift()
+    within = moved["loss"] <= loss and moved["psi"] <= psi and max(moved["zeta"], moved["zeta2"]) <= zeta
+    return (f" The loss's gradient has been made by autograd since (`fb1e4cd`: the same math, its float operations in "
+            f"another order), so today's code is not expected to equal those rows to the last digit: on one "
+            f"{change['machine']['cpu'].split(',')[0]} the quick start of `{before['commit']}` and of "
+            f"`{after['commit']}` differ by up to {moved['loss']:.4f} in val loss, {moved['psi']:.4f} in Ψ_L and "
+            f"{max(moved['zeta'], moved['zeta2']):.2f} in ζ (`code_change` in the same file), "
+            + ("less than another CPU moves them (below)." if within else "more than another CPU moved them (below)."))
 
 
 def kjv_params():
