@@ -346,11 +346,12 @@ def _wrap(title, width=40):
 ZOOM_DEPTH = 12         # a panel of two or more models this deep gets a second panel for its last layers
 
 
-def _psi_figure(plt, profiles, styles):
+def _psi_figure(plt, profiles, styles, zeta=False):
     """Ψ_l on the raw residual stream, Ψ_L on the final-normed h_L as an open circle, one panel per depth or series
     (a fine-tuning run's assistant-token profiles in a panel of their own); Ψ without the first token dotted where it
     differs visibly (over 1% of the panel's range), else the gap is said; Ψ_1 above the axis, said in words, where it
-    would flatten the other layers; deep models' last layers again in a panel of their own, side by side."""
+    would flatten the other layers; deep models' last layers again in a panel of their own, side by side.
+    zeta: a last panel of ζ_l (raw h_L) per layer, every model in it."""
     panels, split = {}, any(n.endswith(ASSISTANT) for n in profiles)
     for name, p in profiles.items():
         tokens = (": assistant tokens" if name.endswith(ASSISTANT) else ": all tokens") if split else ""
@@ -364,7 +365,8 @@ def _psi_figure(plt, profiles, styles):
         if len(names) >= 2 and L >= ZOOM_DEPTH and all(profiles[n]["n_layer"] == L for n in names):
             k = max(4, L // 5)
             shown.append((_wrap(f"{title}: layers {L - k + 1}–{L}"), names, L - k + 1))
-    cols, rows = min(len(shown), 3), -(-len(shown) // 3)
+    count = len(shown) + bool(zeta)
+    cols, rows = min(count, 3), -(-count // 3)
     fig = plt.figure(layout="constrained", figsize=(4.6 * cols + 0.4, 3.6 * rows))
     axes, dotted, hidden, depth = np.ravel(fig.subplots(rows, cols, squeeze=False)), False, [], {}
     for ax, (title, names, first) in zip(axes, shown):
@@ -393,7 +395,9 @@ def _psi_figure(plt, profiles, styles):
         lo, hi = min(ax.get_ylim()[0] for ax, _ in panels), max(ax.get_ylim()[1] for ax, _ in panels)
         for ax, _ in panels:
             ax.set_ylim(lo, hi)
-    for ax in axes[len(shown):]:
+    if zeta:
+        _zeta_panel(axes[len(shown)], profiles, styles)
+    for ax in axes[count:]:
         fig.delaxes(ax)
     axes[0].plot([], [], marker="o", ms=7, mfc="none", ls="", color="gray", label=r"$\Psi_L$ on the final-normed $h_L$")
     if dotted:
@@ -401,6 +405,15 @@ def _psi_figure(plt, profiles, styles):
     note = f"\n{'other lines ' if dotted else ''}without the first token: within {max(hidden):.1e}, not drawn" \
         if hidden else ""
     return fig, r"$\Psi_\ell$ on the raw residual stream" + note
+
+
+def _zeta_panel(ax, profiles, styles):
+    """ζ_2..ζ_L of each profile against the layer (raw h_L), from 0."""
+    for name, p in profiles.items():
+        ax.plot(range(2, len(p["zeta"]) + 2), p["zeta"], ms=3, label="_zeta", **styles[name][1])
+    ax.set_ylim(bottom=0)
+    ax.set(title=r"jump rate $\zeta_\ell$ (raw $h_L$)", xlabel=r"layer $\ell$",
+           ylabel=r"$\zeta_\ell = 100\,\sum_{k \geq \ell} \max(0, \Psi_k - \Psi_{k-1})$")
 
 
 def _curves(ax, profiles, styles, key, first=0, **labels):
@@ -510,16 +523,15 @@ def _early_exit_accuracy(ax, exits, styles):
 FIGURES = ("psi_profiles.png", "layer_analysis.png", "zeta_over_checkpoints.png", "early_exit.png")
 
 
-def plot_profiles(profiles, out_dir, series=None, exits=None, files=None):
-    """psi_profiles.png (Ψ per layer, raw and normed h_L), layer_analysis.png (logit lens, with three or more models
-    its difference from the first's, and skipped blocks); given series {run: profiles of its checkpoints},
-    zeta_over_checkpoints.png (ζ_L, ζ_(L−2) against the step, from 0, raw h_L and, where it differs, the final-normed
-    h_L beside it); given exits {model: evaluate_tasks output with early_exit}, early_exit.png (average accuracy per
-    exit layer over the tasks with acc, with the chance levels of acc and acc_norm, from 0; a task without acc
-    (wikitext) by its word perplexity). One legend per figure, on its right, the panels keeping their width.
-    files: draw only these of FIGURES (default: all that the data allow). Returns the paths written."""
-    import matplotlib
-    matplotlib.use("Agg")
+def profile_figures(profiles, series=None, exits=None, files=None, zeta=False):
+    """{file name: matplotlib Figure}, drawn and not saved (plot_profiles saves them; a notebook shows them):
+    psi_profiles.png (Ψ per layer, raw and normed h_L; zeta=True: and a panel of ζ_l per layer), layer_analysis.png
+    (logit lens, with three or more models its difference from the first's, and skipped blocks); given series
+    {run: profiles of its checkpoints}, zeta_over_checkpoints.png (ζ_L, ζ_(L−2) against the step, from 0, raw h_L
+    and, where it differs, the final-normed h_L beside it); given exits {model: evaluate_tasks output with
+    early_exit}, early_exit.png (average accuracy per exit layer over the tasks with acc, with the chance levels of
+    acc and acc_norm, from 0; a task without acc (wikitext) by its word perplexity). One legend per figure, on its
+    right, the panels keeping their width. files: draw only these of FIGURES (default: all that the data allow)."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
     want = lambda file: files is None or file in files               # noqa: E731
@@ -529,7 +541,7 @@ def plot_profiles(profiles, out_dir, series=None, exits=None, files=None):
     styles, colour = _styles(plt, list(profiles) + list(exits or {}), series)
     figures, legend_titles = {}, {}
     if profiles and want("psi_profiles.png"):
-        figures["psi_profiles.png"], legend_titles["psi_profiles.png"] = _psi_figure(plt, profiles, styles)
+        figures["psi_profiles.png"], legend_titles["psi_profiles.png"] = _psi_figure(plt, profiles, styles, zeta)
     analysed = {name: p for name, p in profiles.items() if "logit_lens_loss" in p}
     if analysed and want("layer_analysis.png"):
         depth = {len(p[LENS["key"]]) for p in analysed.values()}
@@ -591,6 +603,16 @@ def plot_profiles(profiles, out_dir, series=None, exits=None, files=None):
                             title=legend_titles.get(file), title_fontsize=7, alignment="left", handlelength=3)
         fig.canvas.draw()                                 # the legend's width, added to the panels' (not taken off)
         fig.set_figwidth(fig.get_figwidth() + legend.get_window_extent().width / fig.dpi + 0.15)
+    return figures
+
+
+def plot_profiles(profiles, out_dir, series=None, exits=None, files=None):
+    """The figures of profile_figures written into out_dir as PNGs (120 dpi); returns the paths written."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figures = profile_figures(profiles, series, exits, files)
+    for file, fig in figures.items():
         fig.savefig(os.path.join(out_dir, file), dpi=120)
         plt.close(fig)
     return [os.path.join(out_dir, file) for file in figures]
