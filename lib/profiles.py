@@ -7,6 +7,7 @@ validation windows, text files, task contexts), and the plots.
     p = profile_model(model, windows)             # psi, zeta, psi_normed, ..., loss, per-layer analyses
 """
 import os
+import re
 
 import numpy as np
 import torch
@@ -452,7 +453,6 @@ LENS = dict(key="logit_lens_loss", title=r"logit lens: loss of head(norm($h_\ell
 
 def _seed(name):
     """The seed a run's name gives (NAME_seedN), or None."""
-    import re
     m = re.fullmatch(r".+_seed(\d+)", name.removesuffix(ASSISTANT))
     return m and int(m.group(1))
 
