@@ -3,8 +3,7 @@
 #   python prepare_fineweb.py --name sample-10BT --out_dir data/fineweb_edu_smollm2 --tokenizer hf:HuggingFaceTB/SmolLM2-1.7B
 #   torchrun --nproc_per_node=8 train.py configs/retrofit_smollm2_1.7b.py        # and configs/retrofit_smollm2_1.7b_jreg.py
 # 4,000 steps x 524,288 tokens = 2.1B tokens: 2.0 h on 8 H100 at an assumed 40% MFU (1.09e10 FLOP/token,
-# Llama.flops_per_token; not measured). Predicted peak per GPU (bench.py --memory --world 8): 47.9 GiB compiled,
-# 50.5 with JREG, 67.3 with JREG eager (15% margin).
+# Llama.flops_per_token; not measured). Predicted peak memory per GPU: docs/retrofit.md (bench.py --memory --world 8).
 # Llama-3.x models use "llama3" RoPE scaling, which model.Llama.from_hf refuses (plain RoPE only).
 init_from = "hf:HuggingFaceTB/SmolLM2-1.7B"   # a hub name, a local folder or DIR/FILE.gguf
 tokenizer = init_from                         # the data's tokenizer must be the model's (fingerprints compared)

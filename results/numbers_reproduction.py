@@ -285,7 +285,7 @@ def plots(runs, seeds, values):
     order = [labels.index(next(lb for lb in labels if lb.startswith(LABELS[c]))) for c in CONDITIONS]
     ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8)
     ax.set(xlabel="training step", ylabel=r"$\zeta_L$ (%, raw $h_L$)",
-           title="ζ_L over training, every seed (thin) and the mean".replace("ζ_L", r"$\zeta_L$"))
+           title=r"$\zeta_L$ over training, every seed (thin) and the mean")
     fig.tight_layout()
     fig.savefig(os.path.join(KJV, "zeta_over_training.png"), dpi=120)
     plt.close(fig)

@@ -4,6 +4,7 @@ The speed and memory figures docs/speed.md, training.md and data.md quote, from 
 """
 import json
 import os
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -115,6 +116,7 @@ def tokenize_speed():
 
 
 MFU, PEAK, GPUS, TOKENS = 0.35, 989e12, 8, 104.9e9      # the estimate's assumptions (H100 SXM, dense bf16)
+SIZES = {"170m": "170M", "1b": "1B", "3.4b": "3.4B"}      # the configs' names as the paper writes the sizes
 
 
 def full_scale_hours(mfu=MFU, peak=PEAK, gpus=GPUS, tokens=TOKENS):
@@ -132,17 +134,15 @@ def full_scale_hours(mfu=MFU, peak=PEAK, gpus=GPUS, tokens=TOKENS):
 def readme_estimate(mfu=MFU):
     """The README's line on the full-scale runs' time, from the same estimate as docs/speed.md's table."""
     hours = full_scale_hours(mfu)
-    sizes = {"170m": "170M", "1b": "1B", "3.4b": "3.4B"}
     return (f"the throughput at these sizes is estimated ("
-            + ", ".join(f"{sizes.get(name, name)} ≈ {h:.0f} h" for name, (_, _, h) in hours.items())
+            + ", ".join(f"{SIZES.get(name, name)} ≈ {h:.0f} h" for name, (_, _, h) in hours.items())
             + f" on one node of {GPUS} × H100 at {100 * mfu:.0f}% MFU)")
 
 
 def param_counts():
     """The parameter counts of the paper's shapes, as bench.py --memory recorded them (memory_8gpu.json)."""
-    sizes = {"170m": "170M", "1b": "1B", "3.4b": "3.4B"}
     return ("The parameter counts these shapes give (untied, GPT-2 vocabulary): "
-            + ", ".join(f"{r['params']:,} ({sizes.get(name, name)})" for name, (r, _, _) in full_scale_hours().items())
+            + ", ".join(f"{r['params']:,} ({SIZES.get(name, name)})" for name, (r, _, _) in full_scale_hours().items())
             + ".")
 
 
@@ -175,12 +175,11 @@ def loss_chunks():
 
 
 def config_values(path, *keys):
-    """The literal values a config file assigns to keys (the file is read, not run)."""
-    import ast
-    tree = ast.parse(open(os.path.join(ROOT, path)).read())
-    values = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
-              if isinstance(t, ast.Name)}
-    return [ast.literal_eval(values[k]) for k in keys]
+    """The values a config file sets for keys, as train.py reads them (config.read_config_file)."""
+    sys.path.insert(0, ROOT)
+    from config import read_config_file
+    settings = read_config_file(os.path.join(ROOT, path))
+    return [settings[k] for k in keys]
 
 
 def retrofit_full_scale(mfus=(0.40, 0.30)):
