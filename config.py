@@ -2,8 +2,11 @@
 Every training setting with its default (`Config`), read from config files and `--key=value`, and checked before
 anything is built or written. A config file is Python (trusted input) assigning some of the keys; `include("x.py")`
 reads another file of the same folder first. An unknown key, a wrong type or a value out of range is one `error:` line.
+Once loaded the settings are frozen (`cfg.lr = 0.5` raises): what config.json records is what ran.
 
     cfg = load_config(["configs/tiny.py", "--max_steps=50"])      # defaults <- files <- command line
+    cfg = derived(cfg, device, per_epoch)                         # the values computed from others, all here
+    mcfg = model_config(cfg, weights=None)                        # the model's shape (a preset or the weights')
 """
 import dataclasses
 import importlib.util
@@ -17,7 +20,7 @@ from jreg import WEIGHTINGS
 from model import LlamaConfig, PRESETS
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Config:
     # run
     out_dir: str = "out/run"         # the run folder: checkpoints, log.jsonl, config.json (a checkpoint there: resume)
@@ -36,8 +39,8 @@ class Config:
     tokenizer: str = "gpt2"         # the shards': gpt2 | bytes | a tiktoken name | hf:NAME_OR_DIR | hf:DIR/FILE.gguf
     # fine-tuning or continued pre-training: the weights to start from (not resumed: a new run), and their shape
     init_from: str = ""             # "" (random) | RUN_DIR (newest ckpt) | RUN_DIR@STEP | RUN_DIR@latest | hf:NAME_OR_DIR
-    epochs: float = 0.0             # > 0: max_steps = epochs × windows per epoch / sequences per step
-    warmup_ratio: float = 0.0       # > 0: warmup_steps = warmup_ratio × max_steps; set to 0: no warm-up
+    epochs: float = 0.0             # > 0: max_steps = epochs × windows per epoch / sequences per step (derived)
+    warmup_ratio: float = 0.0       # > 0: warmup_steps = warmup_ratio × max_steps (derived); set to 0: no warm-up
     # model: a preset of model.PRESETS. Any field of model.LlamaConfig but max_seq_len (n_layer, d_model, ...) is a
     # setting too (`n_layer = 8`, --d_model=128): it overrides the preset (with init_from it must agree with the
     # weights; None: the preset's); load_config collects them in `shape`, declared once, in model.LlamaConfig
@@ -79,12 +82,11 @@ class Config:
 
 # settings that may differ when a run is resumed (recorded in config.json's history); all others must match
 RESUMABLE = {"max_steps", "epochs", "device", "dtype", "compile", "fsdp", "fsdp_param_dtype", "activation_checkpointing",
-             "loss_chunk",
-             "dist_timeout_min", "micro_batch", "lr", "min_lr_ratio", "warmup_steps", "warmup_ratio", "grad_clip",
+             "loss_chunk", "dist_timeout_min", "micro_batch", "lr", "min_lr_ratio", "warmup_steps", "warmup_ratio", "grad_clip",
              "max_bad_steps", "log_interval", "eval_interval", "eval_batches", "ckpt_interval", "keep_ckpts",
              "keep_every", "sharded_ckpt", "async_ckpt", "wandb_project", "wandb_run_name"}
 # the value a checkpoint written before a setting existed was trained with, where that is not today's default
-BEFORE = {"decay_embeddings": True, "loss_chunk": 1024}
+BEFORE = {"decay_embeddings": True}
 
 
 def usage():
@@ -221,16 +223,26 @@ def check_config(cfg):
         model_config(cfg)
 
 
-def model_config(cfg):
-    """The preset with cfg.shape over it, max_seq_len at least seq_len; a size not > 0 or a shape LlamaConfig refuses
-    is one error line."""
+def derived(cfg, device, per_epoch):
+    """The settings computed from others, all here, once (the run records them as they ran): device, the process's own
+    (parallel.place); max_steps from epochs (> 0) and the windows per epoch; warmup_steps from warmup_ratio (> 0)."""
+    max_steps = max(1, math.ceil(cfg.epochs * per_epoch / (cfg.batch_tokens // cfg.seq_len))) if cfg.epochs else \
+        cfg.max_steps
+    warmup_steps = round(cfg.warmup_ratio * max_steps) if cfg.warmup_ratio else cfg.warmup_steps
+    return dataclasses.replace(cfg, device=str(device), max_steps=max_steps, warmup_steps=warmup_steps)
+
+
+def model_config(cfg, weights=None):
+    """The model's shape: the preset (or `weights`, the LlamaConfig of the weights init_from starts from) with
+    cfg.shape over it, and max_seq_len at least seq_len; a size not > 0 or a shape LlamaConfig refuses is one error
+    line."""
+    base = PRESETS[cfg.model] if weights is None else weights
     for key, value in cfg.shape.items():
         if type(value) is not bool and not value > 0:
             fail(f"config key {key!r} = {value}: must be > 0")
     try:
-        return dataclasses.replace(PRESETS[cfg.model], **cfg.shape,
-                                   max_seq_len=max(cfg.seq_len, PRESETS[cfg.model].max_seq_len))
+        return dataclasses.replace(base, **cfg.shape, max_seq_len=max(cfg.seq_len, base.max_seq_len))
     except AssertionError as e:                                   # LlamaConfig's shape checks
-        shape = {**dataclasses.asdict(PRESETS[cfg.model]), **cfg.shape}
+        shape = {**dataclasses.asdict(base), **cfg.shape}
         fail(f"model shape: {e} (n_head, n_kv_head, d_model = {shape['n_head']}, {shape['n_kv_head']}, "
              f"{shape['d_model']})")

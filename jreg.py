@@ -114,11 +114,11 @@ class Profile:
 
 
 class JregObjective(nn.Module):
-    """One micro-batch's cross-entropy, the penalty Σ_l w_l Ψ_l and Ψ_1..Ψ_L, from one forward of `model`, so that
-    torch.compile traces them as one graph (and DDP wraps them as one module). Every setting of the penalty but λ is
-    an argument here: w = layer_weights(L, alpha, weighting); h_L raw or after the final norm (final_norm); position 0
-    left out (skip_first); penalize=False (λ = 0, the baseline) computes Ψ for the log only, outside autograd.
-    compile_penalty: the penalty compiled on its own (FSDP, where the model is compiled in parts)."""
+    """One micro-batch's loss and penalty from one forward of `model`, so that torch.compile traces them as one graph
+    (and DDP wraps them as one module). Every setting of the penalty but λ is an argument here: w = layer_weights(L,
+    alpha, weighting); h_L raw or after the final norm (final_norm); position 0 left out (skip_first); penalize=False
+    (λ = 0, the baseline) computes Ψ for the log only, outside autograd. compile_penalty: the penalty compiled on its
+    own (FSDP, where the model is compiled in parts)."""
 
     def __init__(self, model, alpha=1.0, weighting="index", final_norm=False, skip_first=False, penalize=True,
                  compile_penalty=False):
@@ -128,10 +128,13 @@ class JregObjective(nn.Module):
         self.register_buffer("weights", layer_weights(model.config.n_layer, alpha, weighting), persistent=False)
 
     def forward(self, x, y, mask=None):
-        """mask [B, T]: the tokens Ψ counts (None: all; packed fine-tuning data leaves padding out)."""
+        """(loss, penalty, per_target, per_token): the loss (mean over the targets != -1) and the penalty Σ_l w_l Ψ_l
+        (mean over the tokens of mask [B, T], None: all), and the named values to log, means over the same targets
+        (the loss's terms: ce, ...) and tokens (jreg, psi = Ψ_1..Ψ_L). A value added to either dict is logged."""
         out = self.model(x, y)                                  # the loss chunked: no full logits
         hs = streams(out, self.final_norm)
         if not self.penalize:
             hs = [h.detach() for h in hs]
         psi = self.displacement(hs, mask=mask, skip_first=self.skip_first)
-        return out.loss, (self.weights * psi).sum(), psi.detach()
+        penalty = (self.weights * psi).sum()
+        return out.loss, penalty, out.loss_terms, {"jreg": penalty.detach(), "psi": psi.detach()}

@@ -7,8 +7,8 @@ F.scaled_dot_product_attention, SwiGLU MLP, no biases, final RMSNorm, LM head. N
     model = Llama(cfg)                       # Llama(cfg, activation_checkpointing=True, loss_chunk=1024): training's
     out = model(idx)                         # out.logits [B, T, vocab]
     out = model(idx, targets)                # out.loss: mean cross-entropy over targets != -1, logits None (training
-                                             # and evaluation: computed loss_chunk positions at a time through lm_head,
-                                             # so full logits never exist; ChunkedCrossEntropy)
+                                             # and evaluation: loss.cross_entropy, loss_chunk positions at a time
+                                             # through lm_head, so full logits never exist); out.loss_terms its terms
     out.hidden_states   [h_0, h_1, ..., h_L]: h_0 the embedding output, h_l the raw residual stream after block l
     out.final_hidden    norm(h_L), the vector the LM head reads (what Hugging Face reports as its last hidden state)
 
@@ -20,7 +20,6 @@ The streams are the tensors autograd keeps for the backward pass anyway, so retu
 module (attention, the head: a bias, a soft-cap) reaches training, evaluation and generation alike.
 Conversion to and from Hugging Face's LlamaForCausalLM: lib/hf.py.
 """
-import functools
 import math
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
@@ -28,8 +27,9 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.func import functional_call, vjp
 from torch.utils.checkpoint import checkpoint
+
+from loss import cross_entropy
 
 
 @dataclass
@@ -168,116 +168,26 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-def chunk_loss(logits, targets):
-    """The loss of one chunk of positions: the summed cross-entropy of its logits over the targets != -1, in fp32.
-    A plain function that autograd differentiates: an edit here (a z-loss, label smoothing) reaches training,
-    evaluation and their gradients alike (docs/ablations.md, edit 4)."""
-    return F.cross_entropy(logits.float(), targets, ignore_index=-1, reduction="sum")
-
-
-def chunk_loss_and_grads(head, params, hidden, targets, sums):
-    """chunk_loss of head(hidden) and its gradient for hidden, by torch.func.vjp through the head module and the loss,
-    whatever either computes; the gradient for each of the head's parameters (a dict) is added into sums[name], one
-    fp32 buffer each, inside the step (compiled, the add fuses with the gradient's cast to fp32: no fp32 copy a chunk)."""
-    loss, backward = vjp(lambda p, h: chunk_loss(functional_call(head, p, (h,)), targets), params, hidden)
-    grad_params, grad_hidden = backward(torch.ones_like(loss))
-    for name, grad in grad_params.items():
-        sums[name].add_(grad)
-    return loss.detach(), grad_hidden
-
-
-@functools.cache
-def compiled_chunk_loss_and_grads():
-    return torch.compile(chunk_loss_and_grads)
-
-
-class ChunkedGradients(torch.autograd.Function):
-    """Σ_c chunk_loss(head(h_c), t_c) over chunks c of `rows` positions, with each chunk's gradients made in the
-    forward pass.
-
-    The loss is a sum over positions, so chunk c's gradients depend on chunk c alone: ∂loss/∂h_c is chunk c's own, and
-    ∂loss/∂θ = Σ_c (chunk c's). Plain autograd over the whole would keep every chunk's logits for the backward pass, or
-    (checkpointed) compute them twice: one more head matmul a chunk. Here each chunk's gradients are computed at once
-    (chunk_loss_and_grads) and summed, its logits freed; the backward pass only scales the sums by the incoming
-    gradient. Memory: one chunk's logits and what autograd keeps of them, and gradient buffers shaped like hidden and
-    θ."""
-
-    @staticmethod
-    def forward(ctx, hidden, targets, head, rows, step, *params):
-        names = [name for name, _ in head.named_parameters()]
-        total, grad_hidden = 0.0, torch.empty_like(hidden)
-        sums = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in zip(names, params)}
-        for start in range(0, hidden.size(0), rows):
-            part = slice(start, start + rows)
-            loss, grad_hidden[part] = step(head, dict(zip(names, params)), hidden[part], targets[part], sums)
-            total = total + loss
-        ctx.save_for_backward(grad_hidden, *(sums[name].to(p.dtype) for name, p in zip(names, params)))
-        return total
-
-    @staticmethod
-    def backward(ctx, grad_total):
-        grad_hidden, *grad_params = ctx.saved_tensors
-        return (grad_hidden * grad_total, None, None, None, None, *(g * grad_total for g in grad_params))
-
-
-def outside_compiled_graphs(fn):
-    """torch.compiler.disable(fn), applied at the first call instead of at import: it imports the compiler (about 1.5 s
-    of every process's start, evaluate.py and a config error included). Traced, the same graph break."""
-    @functools.wraps(fn)
-    def run(*args):
-        disabled = getattr(fn, "_outside_compiled_graphs", None)
-        if disabled is None:
-            disabled = fn._outside_compiled_graphs = torch.compiler.disable(fn)
-        return disabled(*args)
-    return run
-
-
-@outside_compiled_graphs
-def chunked_gradients(hidden, targets, head, rows, compiled):
-    """Outside any compiled graph: inductor would fuse the chunks' gradient sums into one kernel that needs every
-    chunk's partial sums at once. Each chunk runs compiled when the caller is."""
-    step = compiled_chunk_loss_and_grads() if compiled else chunk_loss_and_grads
-    return ChunkedGradients.apply(hidden, targets, head, rows, step, *head.parameters())
-
-
-class ChunkedCrossEntropy(nn.Module):
-    """Mean cross-entropy over targets != -1 of head(hidden), `rows` positions at a time: memory O(rows · vocab)
-    instead of O(B · T · vocab), through the head module (any edit to it reaches the loss), eager or compiled (when
-    traced by torch.compile, each chunk runs compiled)."""
-
-    def __init__(self, rows=1024):
-        super().__init__()
-        self.rows = rows
-
-    def forward(self, head, hidden, targets):
-        hidden, targets = hidden.flatten(0, 1), targets.reshape(-1)
-        if torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters())):
-            total = chunked_gradients(hidden, targets, head, self.rows, torch.compiler.is_compiling())
-        else:                                                   # no gradients: a chunk's logits live one at a time
-            total = sum(chunk_loss(head(hidden[i:i + self.rows]), targets[i:i + self.rows])
-                        for i in range(0, len(hidden), self.rows))
-        return total / (targets != -1).sum()
-
-
 class LlamaOutput(NamedTuple):
     logits: Optional[torch.Tensor]                 # None when targets are given (the loss is chunked)
-    loss: Optional[torch.Tensor]
+    loss: Optional[torch.Tensor]                   # the mean loss over targets != -1 (loss.cross_entropy)
     hidden_states: list
     final_hidden: torch.Tensor
+    loss_terms: dict = {}                          # each named term of the loss, its mean (detached): {"ce": ...}
 
 
 class Llama(nn.Module):
     def __init__(self, cfg: LlamaConfig, activation_checkpointing=False, loss_chunk=1024):
         """activation_checkpointing: in training, each block keeps only its input stream and recomputes the rest in
         the backward pass (the same numbers, a fraction of the memory, about one more forward's compute).
-        loss_chunk: positions per chunk of the loss."""
+        loss_chunk: positions per chunk of the loss (loss.cross_entropy)."""
         super().__init__()
         self.config, self.activation_checkpointing = cfg, activation_checkpointing
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.loss_fn = ChunkedCrossEntropy(loss_chunk)
+        self.loss, self.loss_chunk = cross_entropy, loss_chunk        # loss.py (under FSDP parallel.py compiles it)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         cos, sin = rope_cache(cfg)
@@ -318,7 +228,8 @@ class Llama(nn.Module):
             return LlamaOutput(self.lm_head(final_hidden[:, -1:]), None, hidden_states, final_hidden)
         if targets is None:
             return LlamaOutput(self.lm_head(final_hidden), None, hidden_states, final_hidden)
-        return LlamaOutput(None, self.loss_fn(self.lm_head, final_hidden, targets), hidden_states, final_hidden)
+        loss, terms = self.loss(self.lm_head, final_hidden, targets, self.loss_chunk)
+        return LlamaOutput(None, loss, hidden_states, final_hidden, terms)
 
     # ---- accounting -------------------------------------------------------------------------------------
     def num_params(self, non_embedding=False):

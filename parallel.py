@@ -1,14 +1,19 @@
 """
 How a training step is spread over processes and devices, and nothing of what it computes: torchrun's environment,
-the device of each process, DDP and FSDP2 as torchtitan sets them for a compiled model, and the micro-batches' copies
-to the GPU. The calls whose order matters are here, each named for what it guarantees:
+the device and process group of each process, DDP or FSDP2 and torch.compile as torchtitan applies them, and the
+micro-batches' copies to the GPU. Every decision of that kind is made here, in two calls, so the loop never asks
+whether anything is distributed, sharded or compiled:
 
     proc = processes()                           # rank, local_rank, world, local_world; proc.distributed
-    device, autocast = place(cfg, proc)          # this process's device; bf16 autocast over fp32 weights, or none
-    group = Group(proc, device, cfg)             # the process group (torchrun's processes), before the model is built
-    shard_fsdp(model, cfg)                       # fsdp=True: blocks compiled, then sharded (in train.build_model)
-    group.wrap(objective, model)                 # group.forward: DDP before torch.compile; group.set_gradient_sync(on)
-    group.close()                                # DDP's reducer freed while the group lives, then the group
+    device, autocast = place(cfg, proc)          # this process's device, its process group (before any model), and
+                                                 # bf16 autocast over fp32 weights, or none
+    objective = parallelize(objective, cfg, device)   # DDP before torch.compile, or FSDP2 over compiled blocks, or as
+                                                 # it is; before the optimizer (FSDP's parameters are its shards)
+    objective(x, y, mask)                        # a micro-batch's forward, as the objective returns it
+    objective.set_gradient_sync(on)              # whether this micro-batch's backward reduces gradients
+    objective.clip_grad_norm(max_norm)           # the global gradient norm (a plain tensor), gradients clipped
+    objective.evaluate(x, y)                     # the model's forward, eager (validation: no compile, no hooks)
+    objective.close()                            # DDP's reducer freed while the group lives, then the group
 """
 import dataclasses
 import gc
@@ -55,45 +60,69 @@ def process_device(name, local_rank, local_world):
 
 
 def place(cfg, proc):
-    """(device, autocast) of this process: its device (process_device; cfg.device set to it) made current, TF32
-    matmuls allowed, and bf16 autocast over the fp32 weights where dtype asks for it (auto: on CUDA)."""
+    """(device, autocast) of this process: its device (process_device) made current, TF32 matmuls allowed, the process
+    group of torchrun's processes (NCCL on CUDA, gloo on CPU) made before any model is built, and bf16 autocast over
+    the fp32 weights where dtype asks for it (auto: on CUDA)."""
     if cfg.fsdp and not proc.distributed:
         fail("fsdp=True needs torch.distributed: launch with torchrun (--nproc_per_node=1 for one GPU)")
-    cfg.device = process_device(cfg.device, proc.local_rank, proc.local_world)
-    device = torch.device(cfg.device)
+    device = torch.device(process_device(cfg.device, proc.local_rank, proc.local_world))
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    if proc.distributed:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                timeout=timedelta(minutes=cfg.dist_timeout_min))
     bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
     return device, torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
 
 
-class Group:
-    """The processes torchrun started, as one training step: the process group (NCCL on CUDA, gloo on CPU), made before
-    the model is built; wrap() gives the step's forward, close() ends it all in the order that cannot hang. One process
-    (no torchrun): no group, the objective as it is."""
+def parallelize(objective, cfg, device):
+    """The objective (an nn.Module over objective.model) as the loop calls it, spread as cfg says:
+    - FSDP2 (fsdp=True, torchtitan's placement): each block compiled (compile=True), then sharded; the final norm, the
+      loss's chunks and the penalty compiled apart (shard_fsdp);
+    - DDP (torchrun's processes): the objective DDP-wrapped before torch.compile, as PyTorch documents, so that
+      gradient buckets overlap the backward;
+    - one process: the objective, compiled when compile=True.
+    Call it before building the optimizer: under FSDP the model's parameters become its shards."""
+    distributed = dist.is_initialized()
+    if cfg.fsdp:
+        shard_fsdp(objective.model, cfg)
+        if cfg.compile:
+            objective.displacement = torch.compile(objective.displacement)
+        return Parallel(objective, objective, objective.model.set_requires_gradient_sync)
+    wrapped = wrap_ddp(objective, device) if distributed else objective
+    forward = torch.compile(wrapped) if cfg.compile else wrapped
+    sync = (lambda on: setattr(wrapped, "require_backward_grad_sync", on)) if distributed else (lambda on: None)
+    return Parallel(objective, forward, sync)
 
-    def __init__(self, proc, device, cfg):
-        self.distributed, self.fsdp, self.compile = proc.distributed, cfg.fsdp, cfg.compile
-        if self.distributed:
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                    timeout=timedelta(minutes=cfg.dist_timeout_min))
-        self.device = device
 
-    def wrap(self, objective, model):
-        """self.forward (the objective, DDP-wrapped before torch.compile as PyTorch documents, so that gradient buckets
-        overlap the backward; under FSDP the blocks were compiled as they were sharded, the penalty apart) and
-        self.set_gradient_sync(on) (whether this micro-batch's backward reduces gradients: only the last one's does)."""
-        if self.distributed and not self.fsdp:
-            objective = wrap_ddp(objective, self.device)
-        self.forward = torch.compile(objective) if self.compile and not self.fsdp else objective
-        self.set_gradient_sync = gradient_sync(model, objective, self.fsdp, self.distributed)
+class Parallel:
+    """What parallelize returns: the objective's forward (wrapped, compiled or both), and the calls around it whose
+    behaviour depends on how it is spread."""
+
+    def __init__(self, objective, forward, set_gradient_sync):
+        self.model, self.forward, self.set_gradient_sync = objective.model, forward, set_gradient_sync
+
+    def __call__(self, *args):
+        return self.forward(*args)
+
+    def clip_grad_norm(self, max_norm):
+        """The norm of every gradient together (under FSDP, of the whole, not this process's shard), clipped to
+        max_norm (0: not clipped)."""
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm or float("inf"))
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def evaluate(self, *args):
+        """The model's forward in eager mode, also under FSDP's compiled blocks (no-grad mode and a ragged last
+        micro-batch would compile them again)."""
+        with torch.compiler.set_stance("force_eager"):
+            return self.model(*args)
 
     def close(self):
         """DDP's reducer goes first, while the group lives: were it the last holder of a gloo group, freeing it after
         destroy_process_group would join the group's thread holding the GIL (a deadlock). So every handle to it goes:
         ours (the caller keeps none) and compiled code's."""
-        if not self.distributed:
+        if not dist.is_initialized():
             return
         del self.forward, self.set_gradient_sync
         torch._dynamo.reset()
@@ -103,8 +132,8 @@ class Group:
 
 
 def shard_fsdp(model, cfg):
-    """FSDP2 in torchtitan's placement: each block compiled (when cfg.compile), then sharded; the top level compiled in
-    parts (the final norm, the loss's chunks; the objective compiles the penalty). Groups: the embedding (resharded
+    """FSDP2 in torchtitan's placement: each block compiled (when cfg.compile), then sharded; the final norm and the
+    loss compiled apart (its chunks then run compiled: loss.py). Groups: the embedding (resharded
     after forward), each block, and the root with the final norm and head (kept gathered after forward: the backward
     starts there; a tied embedding stays with them, one matrix). Weights gathered in fsdp_param_dtype, gradients
     reduced in fp32 (docs/training.md, "Numerics")."""
@@ -113,7 +142,7 @@ def shard_fsdp(model, cfg):
                                                  reduce_dtype=torch.float32))
     if cfg.compile:
         model.norm.compile()
-        model.loss_fn.compile()
+        model.loss = torch.compile(model.loss)
     if not model.config.tie_embeddings:
         fully_shard(model.tok_emb, **policy)
     for block in model.layers:
@@ -132,15 +161,6 @@ def wrap_ddp(module, device):
         "broadcast_buffers"                                      # its name before torch 2.13
     return DDP(module, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=100,
                **{no_sync: False})
-
-
-def gradient_sync(model, wrapped, fsdp, distributed):
-    """set(on): whether this micro-step's backward reduces gradients across processes (only the last one's does)."""
-    if fsdp:
-        return model.set_requires_gradient_sync
-    if distributed:
-        return lambda on: setattr(wrapped, "require_backward_grad_sync", on)
-    return lambda on: None
 
 
 def to_device(batches, device):

@@ -6,11 +6,12 @@ Pre-train a Llama with or without JREG: loss = CE + λ · Σ_l w_l Ψ_l.
     torchrun --nproc_per_node=8 train.py configs/170m_jreg.py     # DDP (or FSDP2 with --fsdp=True)
 
 Every setting and its default is in config.Config; a config file is Python (trusted input) assigning some of them.
-One step reads three files: this one (the loop and the loss), model.py (the forward) and jreg.py (Ψ and the penalty);
-parallel.py spreads it over processes and devices, runs.py keeps the run folder.
-Starting a run in an out_dir that holds a checkpoint resumes it exactly (runs.Run); the settings that define the
-experiment must then be the same (config.RESUMABLE lists those that may change). A step with a non-finite loss or
-gradient is skipped and logged. A user error is one `error:` line, exit status 1.
+A step reads this file (the loop, the loss CE + λ · penalty and its log), model.py (the forward), loss.py (the
+chunked cross-entropy) and jreg.py (Ψ and the penalty); parallel.py spreads it over processes and devices,
+data.py feeds it, checkpoint.py and runs.py keep the run folder (docs/ablations.md, "Where things are").
+Starting a run in an out_dir that holds a checkpoint resumes it exactly; the settings that define the experiment must
+then be the same (config.RESUMABLE lists those that may change). A step with a non-finite loss or gradient is skipped
+and logged. A user error is one `error:` line, exit status 1.
 """
 import dataclasses
 import math
@@ -21,12 +22,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from config import fail, load_config, usage
+from checkpoint import Checkpoints, list_checkpoints, restore
+from config import derived, fail, load_config, usage
 from data import ShardStream, data_identity, load_manifest, split_over_processes, val_windows
 from jreg import JregObjective, Profile, jump_rate
 from lib.conversations import PackedStream, is_conversations
 from model import Llama
-from parallel import Group, place, processes, shard_fsdp, to_device
+from parallel import parallelize, place, processes, to_device
 from runs import Run, peak_flops, start_weights
 
 
@@ -85,18 +87,23 @@ def lr_at(step, cfg):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The model and the optimizer
+# The model, the objective and the optimizer
 
 def build_model(cfg, mcfg, device, init_sd):
-    """The model, built in place on the device and FSDP-sharded when asked, and AdamW. Numerics, DDP and FSDP alike:
-    fp32 weights, bf16 matmuls from the loop's autocast, an fp32 residual stream. No weight decay on norms, biases or
-    the token embedding (tied: the shared matrix) unless decay_embeddings; an untied head decays."""
+    """(model, objective, optimizer): the model built in place on the device (init_sd's weights, or fresh ones), the
+    objective around it as parallel.parallelize spreads it (DDP or FSDP, compiled or not: the loop never asks which),
+    and AdamW over the model's parameters as spread. Numerics, DDP and FSDP alike: fp32 weights, bf16 matmuls from the
+    loop's autocast, an fp32 residual stream. No weight decay on norms, biases or the token embedding (tied: the
+    shared matrix) unless decay_embeddings; an untied head decays."""
     with torch.device(device):                          # no full CPU copy per process
         model = Llama(mcfg, activation_checkpointing=cfg.activation_checkpointing, loss_chunk=cfg.loss_chunk)
     if init_sd is not None:
         model.load_state_dict(init_sd)
-    if cfg.fsdp:
-        shard_fsdp(model, cfg)
+    # the penalty's settings, all here: w_l = layer_weights(L, α, weighting), h_L's convention, position 0; λ below
+    objective = JregObjective(model, alpha=cfg.jreg_alpha, weighting=cfg.jreg_weighting,
+                              final_norm=cfg.jreg_final_norm, skip_first=cfg.jreg_skip_first,
+                              penalize=cfg.jreg_lambda > 0).to(device)
+    objective = parallelize(objective, cfg, device)
     decay, no_decay = [], []
     for p in model.parameters():
         decays = p.dim() >= 2 and (cfg.decay_embeddings or p is not model.tok_emb.weight)
@@ -104,22 +111,11 @@ def build_model(cfg, mcfg, device, init_sd):
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type in ("cuda", "cpu"))
-    return model, optimizer
+    return model, objective, optimizer
 
 
 # ----------------------------------------------------------------------------------------------------------
 # One optimizer step, and validation
-
-@dataclasses.dataclass
-class StepStats:
-    """Means over the global batch: cross-entropy, penalty Σ_l w_l Ψ_l, the loss CE + λ · penalty, and Ψ_1..Ψ_L; and
-    how many processes were asked to stop."""
-    ce: torch.Tensor
-    penalty: torch.Tensor
-    loss: torch.Tensor
-    psi: torch.Tensor
-    stopping: torch.Tensor
-
 
 def token_counts(batch, skip_first):
     """(targets predicted, tokens Ψ averages over) of a micro-batch (x, y, mask or None) on the host, by numpy."""
@@ -128,50 +124,84 @@ def token_counts(batch, skip_first):
     return [int(np.count_nonzero(y.numpy() != -1)), int(counted)]
 
 
-def train_step(objective, batches, counts, cfg, autocast, set_gradient_sync, stop):
-    """Forward and backward of a step's micro-batches (on the device; counts: their token counts). CE and Ψ are means
-    over the whole global batch, whatever the micro-batching and the number of processes: a micro-batch's means are
-    weighted by its share of the global batch's targets (CE) and counted tokens (Ψ), so the weighted sums over every
-    micro-batch of every process are the global means (1×8, 2×4 and 8×1 give the same step). stop: whether this
-    process was asked to stop (a signal); the stats' all-reduce counts the processes asking."""
+def train_step(objective, batches, counts, lam, autocast, stop):
+    """Forward and backward of a step's micro-batches (on the device; counts: their token counts). Returns the step's
+    named means over the whole global batch (tensors on the device): loss = CE + λ · penalty, each term of the loss
+    (ce, ...), the penalty jreg and Ψ_1..Ψ_L (psi), and stopping, how many processes were asked to stop (stop: this
+    one was). A micro-batch's means are weighted by its share of the global batch's targets (the loss's terms) or
+    counted tokens (the penalty's), so the weighted sums over every micro-batch of every process are the global means
+    (1×8, 2×4 and 8×1 give the same step); they are summed over processes in one all-reduce."""
     totals = counts.sum(0)
     if dist.is_initialized():
         dist.all_reduce(totals)                                   # the global batch's targets and counted tokens
     shares = counts / totals.clamp(min=1)                         # each micro-batch's part of them: (CE, Ψ)
     world = dist.get_world_size() if dist.is_initialized() else 1     # DDP and FSDP average gradients over processes
-    ce_sum, penalty_sum, psi_sum = 0.0, 0.0, 0.0
+    sums = {}
     for micro, (x, y, mask) in enumerate(batches):
-        set_gradient_sync(micro == len(batches) - 1)              # all-reduced once, after the last micro-batch
+        objective.set_gradient_sync(micro == len(batches) - 1)   # all-reduced once, after the last micro-batch
         with autocast:
-            ce, penalty, psi = objective(x, y, mask)              # one forward: CE, Σ_l w_l Ψ_l, Ψ_1..Ψ_L (means)
+            ce, penalty, per_target, per_token = objective(x, y, mask)   # one forward: means, and those to log
         ce_share, psi_share = shares[micro]
-        loss = ce * ce_share + cfg.jreg_lambda * penalty * psi_share       # CE + λ · Σ_l w_l Ψ_l, this part of it
+        loss = ce * ce_share + lam * penalty * psi_share         # CE + λ · Σ_l w_l Ψ_l, this part of it
         (loss * world).backward()                                 # × world: the processes' average is their sum
-        ce_sum, penalty_sum = ce_sum + ce.detach() * ce_share, penalty_sum + penalty.detach() * psi_share
-        psi_sum = psi_sum + psi * psi_share
-    stats = torch.cat([torch.stack([ce_sum, penalty_sum, ce_sum + cfg.jreg_lambda * penalty_sum]), psi_sum,
-                       psi_sum.new_full((1,), float(stop))])
-    if dist.is_initialized():
-        dist.all_reduce(stats)                                    # the sums over processes: the global means
-    return StepStats(*stats[:3], stats[3:-1], stats[-1])
+        for values, share in ((per_target, ce_share), (per_token, psi_share)):
+            for name, value in values.items():
+                sums[name] = sums.get(name, 0.0) + value * share
+    terms = sum(sums[name] for name in per_target)                # the loss's terms: ce, and any added to loss.py
+    sums = {"loss": terms + lam * sums["jreg"], **sums, "stopping": torch.tensor(float(stop), device=shares.device)}
+    if dist.is_initialized():                                     # the sums over processes: the global means
+        flat = torch.cat([value.reshape(-1) for value in sums.values()])
+        dist.all_reduce(flat)
+        sums = dict(zip(sums, (part.view_as(value) for part, value in zip(flat.split(
+            [value.numel() for value in sums.values()]), sums.values()))))
+    return sums
+
+
+def read_on_host(values):
+    """A dict of tensors on the device as Python numbers (a tensor of one dimension or more: a list), in one copy: a
+    step's one wait for the device."""
+    flat = torch.cat([value.reshape(-1).float() for value in values.values()]).tolist()
+    out, start = {}, 0
+    for name, value in values.items():
+        part, start = flat[start:start + value.numel()], start + value.numel()
+        out[name] = part if value.dim() else part[0]
+    return out
 
 
 @torch.no_grad()
-def validate(model, val_batches, cfg, device, autocast):
+def validate(objective, val_batches, cfg, device, autocast):
     """Validation loss and Ψ / ζ (in the penalty's convention) on the fixed validation windows, over all processes;
-    eager, also under FSDP's compiled blocks (no-grad mode and a ragged last micro-batch would compile them again)."""
-    model.eval()
+    the model's forward in eager mode (objective.evaluate)."""
+    objective.model.eval()
     profile = Profile()
-    with autocast, torch.compiler.set_stance("force_eager"):
+    with autocast:
         for x, y, mask in to_device(val_batches, device):
-            out = model(x, y)                                     # the chunked loss: no full logits held
+            out = objective.evaluate(x, y)                        # the chunked loss: no full logits held
             n = (y != -1).sum()                                   # 0 in a micro-batch of padding windows only
             profile.add(out.hidden_states, out.final_hidden, mask=mask, n_loss=n,
                         loss_sum=torch.where(n > 0, out.loss.float() * n, 0.0))
-    model.train()
+    objective.model.train()
     p = profile.result(dist.all_reduce if dist.is_initialized() else None)
     key = "psi" + ("_normed" if cfg.jreg_final_norm else "") + ("_skip_first" if cfg.jreg_skip_first else "")
     return {"val_loss": p["loss"], "psi": p[key], "zeta": p[key.replace("psi", "zeta")]}
+
+
+def skipped(run, saver, cfg, step, bad, seq_index, loss, grad_norm, lr):
+    """A step not applied (a non-finite loss or gradient norm): nothing of it was applied and the data moves on past its
+    batch (sequences seq_index on). It is logged; the bad-th in a row beyond max_bad_steps ends the run, naming the
+    last checkpoint and a change that resume accepts."""
+    if bad > cfg.max_bad_steps:
+        saver.finish()                                                    # an async save in flight is published
+        last = list_checkpoints(cfg.out_dir)
+        fail(f"non-finite loss {loss} or gradient norm {grad_norm} at step {step} (data from sequence "
+             f"{seq_index}), {bad} in a row (max_bad_steps = {cfg.max_bad_steps}); nothing of "
+             f"{'it' if bad == 1 else f'steps {step - bad + 1}-{step}'} was applied. The last checkpoint is "
+             f"{last[-1][1] if last else '(none)'}: rerun with a lower lr (e.g. --lr={cfg.lr / 2:g}), grad_clip "
+             f"or a higher max_bad_steps to resume from it")
+    run.log({"step": step, "tokens": step * cfg.batch_tokens, "skipped": bad, "seq_index": seq_index,
+             "bad_loss": loss, "bad_grad_norm": grad_norm, "lr": lr},
+            f"step {step:6d} | skipped: non-finite loss {loss} or gradient norm {grad_norm}, data from sequence "
+            f"{seq_index} | {bad} in a row (max_bad_steps = {cfg.max_bad_steps})")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -179,83 +209,80 @@ def validate(model, val_batches, cfg, device, autocast):
 def main(argv):
     if {"-h", "--help"} & set(argv):
         return print(usage())
-    cfg = load_config(argv)
+    cfg = load_config(argv)                                       # frozen: cfg.lr = 0.5 raises
     proc = processes()
     grad_accum = grad_accum_steps(cfg, proc.world)
-    device, autocast = place(cfg, proc)                           # bf16 autocast over fp32 weights, or none
+    device, autocast = place(cfg, proc)            # the device, the process group, bf16 autocast over fp32 or none
     torch.manual_seed(cfg.seed)            # the initialisation; training draws nothing random after it (dropout would:
                                            # docs/ablations.md says what an exact resume then needs)
 
     # ---- setup: the weights to start from and the data, checked before anything is written
     init_sd, mcfg = start_weights(cfg)
-    mcfg = dataclasses.replace(mcfg, max_seq_len=max(mcfg.max_seq_len, cfg.seq_len))
     seqs_per_step = cfg.batch_tokens // cfg.seq_len
     train_data, val_batches = data_streams(cfg, mcfg.vocab_size,
                                            cfg.eval_batches * cfg.micro_batch if cfg.eval_interval else 0, proc)
-    if cfg.epochs:
-        cfg.max_steps = max(1, math.ceil(cfg.epochs * train_data.per_epoch / seqs_per_step))
-    if cfg.warmup_ratio:
-        cfg.warmup_steps = round(cfg.warmup_ratio * cfg.max_steps)
+    cfg = derived(cfg, device, train_data.per_epoch)              # device, max_steps from epochs, warm-up from ratio
 
     # ---- resume: the run folder locked and checked, then the model and optimizer at its newest checkpoint
     run = Run(cfg, mcfg, data_identity(cfg.data_dir), proc.rank)
-    group = Group(proc, device, cfg)                              # torchrun's processes: their group, before the model
-    model, optimizer = build_model(cfg, mcfg, device, None if run.step else init_sd)
+    model, objective, optimizer = build_model(cfg, mcfg, device, None if run.step else init_sd)
     del init_sd
-    run.restore(model, optimizer)
+    if run.ckpt is not None:
+        restore(run.ckpt, model, optimizer)
+        run.ckpt = None                                           # the memory back
+    saver = Checkpoints(cfg, run.data_id)
     step, seq_index = run.step, run.seq_index
-    run.start(device, model, f"model {cfg.init_from or cfg.model}: {model.num_params() / 1e6:.1f}M parameters, "
+    run.start(device, f"model {cfg.init_from or cfg.model}: {model.num_params() / 1e6:.1f}M parameters, "
               f"{mcfg.n_layer} layers | world {proc.world} | grad_accum {grad_accum} | device {device} "
               f"{'bf16' if isinstance(autocast, torch.autocast) else 'fp32'} | jreg λ={cfg.jreg_lambda} α={cfg.jreg_alpha} {cfg.jreg_weighting}")
-
-    # the penalty's settings, all here: w_l = layer_weights(L, α, weighting), h_L's convention, position 0; λ below
-    objective = JregObjective(model, alpha=cfg.jreg_alpha, weighting=cfg.jreg_weighting,
-                              final_norm=cfg.jreg_final_norm, skip_first=cfg.jreg_skip_first,
-                              penalize=cfg.jreg_lambda > 0, compile_penalty=cfg.compile and cfg.fsdp).to(device)
-    group.wrap(objective, model)                   # group.forward: DDP-wrapped and compiled as cfg says, in that order
     flops_per_step, (_, peak) = model.flops_per_token(cfg.seq_len) * cfg.batch_tokens, peak_flops(device)
 
-    # ---- the loop: one wait for the device a step (whether to apply it), outside logging, eval and checkpoint steps
+    # ---- the loop: one wait for the device a step (every number it logs, whether to apply it, whether to stop)
     if step == 0 and cfg.eval_interval > 0:
-        run.log({"step": 0, "tokens": 0, **validate(model, val_batches, cfg, device, autocast)}, quiet=True)
+        run.log({"step": 0, "tokens": 0, **validate(objective, val_batches, cfg, device, autocast)}, quiet=True)
     def batches_at(first):                           # a step's micro-batches on the device, and their token counts
         return step_batches(train_data, first, grad_accum, cfg.micro_batch, proc, device, cfg.jreg_skip_first)
     batches, counts = batches_at(seq_index)
+    bad = 0                                                     # non-finite steps in a row
     while step < cfg.max_steps:
         t0, lr = time.time(), lr_at(step, cfg)
         for param_group in optimizer.param_groups:
             param_group["lr"] = lr
-        stats = train_step(group.forward, batches, counts, cfg, autocast, group.set_gradient_sync,
-                           run.stop_requested())
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        means = train_step(objective, batches, counts, cfg.jreg_lambda, autocast, run.stop_requested())
+        grad_norm = objective.clip_grad_norm(cfg.grad_clip)
         batches, counts = batches_at(seq_index + seqs_per_step)   # the next step's, read while the device works
-        finite = torch.isfinite(stats.loss) & torch.isfinite(grad_norm)
-        applied, stop = torch.stack([finite, stats.stopping > 0]).tolist()   # the wait; the same on every process
+        means = read_on_host({**means, "grad_norm": grad_norm})  # the wait: the same numbers on every process
+        grad_norm, psi, stopping = means.pop("grad_norm"), means.pop("psi"), means.pop("stopping")
+        applied = math.isfinite(means["loss"]) and math.isfinite(grad_norm)
         if applied:
             optimizer.step()                                    # never a step on non-finite numbers
-        run.count_bad_steps(applied, step + 1, seq_index, stats.loss, grad_norm, lr)
         optimizer.zero_grad(set_to_none=True)
+        bad = 0 if applied else bad + 1
+        if not applied:                                         # logged; too many in a row end the run
+            skipped(run, saver, cfg, step + 1, bad, seq_index, means["loss"], grad_norm, lr)
         seq_index += seqs_per_step                              # past the batch, applied or skipped
         step += 1
         dt = time.time() - t0
         if applied and (step % cfg.log_interval == 0 or step == cfg.max_steps):
-            zeta = jump_rate(stats.psi)
-            rec = {"step": step, "tokens": step * cfg.batch_tokens, "loss": stats.loss.item(), "ce": stats.ce.item(),
-                   "jreg": stats.penalty.item(), "zeta_L": zeta[-1].item() if len(zeta) else None, "lr": lr,
-                   "grad_norm": grad_norm.item(), "tok_per_s": cfg.batch_tokens / dt,
-                   "mfu": flops_per_step / dt / (peak * proc.world) if peak else None,
-                   "mem_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
-            run.log(rec)
+            run.log({"step": step, "tokens": step * cfg.batch_tokens, **means,      # loss, ce, jreg and any added
+                     "zeta_L": jump_rate(torch.tensor(psi))[-1].item() if len(psi) > 1 else None, "lr": lr,
+                     "grad_norm": grad_norm, "tok_per_s": cfg.batch_tokens / dt,
+                     "mfu": flops_per_step / dt / (peak * proc.world) if peak else None,
+                     "mem_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None})
         if cfg.eval_interval > 0 and (step % cfg.eval_interval == 0 or step == cfg.max_steps):
-            run.log({"step": step, "tokens": step * cfg.batch_tokens, **validate(model, val_batches, cfg, device,
+            run.log({"step": step, "tokens": step * cfg.batch_tokens, **validate(objective, val_batches, cfg, device,
                                                                                   autocast)})
-        if run.checkpoint(step, model, optimizer, seq_index, stop):
-            break                                               # stopped by a signal, its checkpoint saved
+        stop = stopping > 0                                     # some process got SIGTERM / SIGINT
+        if step % cfg.ckpt_interval == 0 or step == cfg.max_steps or stop:
+            saver.save(step, model, optimizer, seq_index)
+        if stop:
+            if proc.rank == 0:
+                print(f"stopped by signal at step {step}; checkpoint saved, rerun the same command to resume")
+            break
 
     # ---- teardown
-    run.close()                                                   # an async checkpoint in flight is published
-    group.close()
+    saver.finish()                                                # an async checkpoint in flight is published
+    objective.close()
 
 
 if __name__ == "__main__":

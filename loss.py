@@ -1,0 +1,113 @@
+"""
+The language-model loss, computed a chunk of positions at a time so that the full [B·T, vocab] logits never exist.
+
+    loss, terms = cross_entropy(model.lm_head, hidden, targets, rows=1024)
+        # == F.cross_entropy(lm_head(hidden).float().flatten(0, 1), targets.flatten(), ignore_index=-1), with
+        # chunk_loss as shipped; terms: each named term's mean (detached), {"ce": ...}
+
+chunk_loss, just below, is the loss of one chunk: a plain function that autograd differentiates. An edit to it (a
+z-loss, label smoothing) or to the head module (a bias, a soft-cap) reaches training, evaluation and their gradients,
+and a term it returns under a new name is logged by itself (docs/ablations.md, edit 4). The rest of this file is how
+the chunks are run; nothing in it needs editing for a new loss.
+"""
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, vjp
+
+
+def chunk_loss(logits, targets):
+    """The loss of one chunk of positions, as named sums over its targets != -1, in fp32: training minimises their
+    total, and logs each one's mean per predicted position under its name."""
+    return {"ce": F.cross_entropy(logits.float(), targets, ignore_index=-1, reduction="sum")}
+
+
+def cross_entropy(head, hidden, targets, rows=1024):
+    """(loss, terms): the mean over targets != -1 of the total of chunk_loss(head(hidden)), computed `rows` positions at
+    a time, and each term's mean (detached). As shipped it equals F.cross_entropy(head(hidden), targets,
+    ignore_index=-1) (test_jreg.py holds it to that). With gradients, each chunk's are made as it is computed
+    (ChunkedGradients: no chunk's logits kept for the backward pass); eager or inside torch.compile (the chunks then
+    run compiled)."""
+    hidden, targets = hidden.flatten(0, 1), targets.reshape(-1)
+    count = (targets != -1).sum()
+    if torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters())):
+        terms = {}                                          # filled by the chunks: each term's sum, detached
+        total = chunked_gradients(hidden, targets, head, rows, terms, torch.compiler.is_compiling())
+    else:                                                   # no gradients: a chunk's logits live one at a time
+        total, terms = 0.0, {}
+        for i in range(0, len(hidden), rows):
+            parts = chunk_loss(head(hidden[i:i + rows]), targets[i:i + rows])
+            total = total + sum(parts.values())
+            terms = {name: terms.get(name, 0.0) + value for name, value in parts.items()}
+    return total / count, {name: value.detach() / count for name, value in terms.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# How the chunks' gradients are made
+
+def chunk_loss_and_grads(head, params, hidden, targets, sums):
+    """The total of chunk_loss(head(hidden)) and its terms, and the gradient for hidden, by torch.func.vjp through the
+    head module and the loss, whatever either computes; the gradient for each of the head's parameters (a dict) is added
+    into sums[name], one fp32 buffer each, inside the step (compiled, the add fuses with the cast to fp32)."""
+    def total(p, h):
+        parts = chunk_loss(functional_call(head, p, (h,)), targets)
+        return sum(parts.values()), {name: value.detach() for name, value in parts.items()}
+    loss, backward, terms = vjp(total, params, hidden, has_aux=True)
+    grad_params, grad_hidden = backward(torch.ones_like(loss))
+    for name, grad in grad_params.items():
+        sums[name].add_(grad)
+    return loss.detach(), terms, grad_hidden
+
+
+@functools.cache
+def compiled_chunk_loss_and_grads():
+    return torch.compile(chunk_loss_and_grads)
+
+
+class ChunkedGradients(torch.autograd.Function):
+    """Σ_c loss(head(h_c), t_c) over chunks c of `rows` positions, with each chunk's gradients made in the forward pass.
+
+    The loss is a sum over positions, so chunk c's gradients depend on chunk c alone: ∂loss/∂h_c is chunk c's own, and
+    ∂loss/∂θ = Σ_c (chunk c's). Plain autograd over the whole would keep every chunk's logits for the backward pass, or
+    (checkpointed) compute them twice. Here each chunk's gradients are computed at once and summed, its logits freed;
+    the backward pass only scales the sums by the incoming gradient. Memory: one chunk's logits and what autograd keeps
+    of them, and gradient buffers shaped like hidden and θ. Each term's sum (detached) is added into `terms`."""
+
+    @staticmethod
+    def forward(ctx, hidden, targets, head, rows, step, terms, *params):
+        names = [name for name, _ in head.named_parameters()]
+        total, grad_hidden = 0.0, torch.empty_like(hidden)
+        sums = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in zip(names, params)}
+        for start in range(0, hidden.size(0), rows):
+            part = slice(start, start + rows)
+            loss, parts, grad_hidden[part] = step(head, dict(zip(names, params)), hidden[part], targets[part], sums)
+            total = total + loss
+            terms.update({name: terms.get(name, 0.0) + value for name, value in parts.items()})
+        ctx.save_for_backward(grad_hidden, *(sums[name].to(p.dtype) for name, p in zip(names, params)))
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        grad_hidden, *grad_params = ctx.saved_tensors
+        return (grad_hidden * grad_total, None, None, None, None, None, *(g * grad_total for g in grad_params))
+
+
+def outside_compiled_graphs(fn):
+    """torch.compiler.disable(fn), applied at the first call instead of at import: it imports the compiler (about 1.5 s
+    of every process's start, evaluate.py and a config error included). Traced, the same graph break."""
+    @functools.wraps(fn)
+    def run(*args):
+        disabled = getattr(fn, "_outside_compiled_graphs", None)
+        if disabled is None:
+            disabled = fn._outside_compiled_graphs = torch.compiler.disable(fn)
+        return disabled(*args)
+    return run
+
+
+@outside_compiled_graphs
+def chunked_gradients(hidden, targets, head, rows, terms, compiled):
+    """Outside any compiled graph: inductor would fuse the chunks' gradient sums into one kernel that needs every
+    chunk's partial sums at once. Each chunk runs compiled when the caller is."""
+    step = compiled_chunk_loss_and_grads() if compiled else chunk_loss_and_grads
+    return ChunkedGradients.apply(hidden, targets, head, rows, step, terms, *head.parameters())
