@@ -8,7 +8,7 @@ lib/commands.py.)
     ckpt = load_checkpoint(path); model_state(ckpt)               # a checkpoint's record and its full weights
 
 A checkpoint ckpt_NNNNNNN.pt holds the unwrapped model, the optimizer, model_config, config, the tokenizer's tag
-(data.tokenizer_tag: a Hugging Face one with its fingerprint), step, tokens, the data position and identity: tensors
+(tokenizer.tokenizer_tag: a Hugging Face one with its fingerprint), step, tokens, the data position and identity: tensors
 and plain values only, read with weights_only=True (a file that needs more is refused; loading it runs no code); written
 to a temporary file and renamed, never with non-finite weights.
 With sharded_ckpt it is a folder ckpt_NNNNNNN/ instead: each rank's shard of the model and optimizer
@@ -34,10 +34,11 @@ import torch
 import torch.distributed as dist
 
 from config import BEFORE, RESUMABLE, fail, model_config
-from data import get_tokenizer, lock_file, one_line, same_tokenizer, tokenizer_tag, write_atomic
+from data import lock_file, one_line, write_atomic
 from lib.progress import timed
 from lib.hf import init_weights_hf
 from model import Llama, LlamaConfig
+from tokenizer import get_tokenizer, same_tokenizer, tokenizer_tag
 
 
 class Run:

@@ -22,9 +22,9 @@ import torch
 import torch.distributed as dist
 
 from config import fail, load_config, usage
-from data import ShardStream, data_identity, load_manifest, split_over_processes, val_windows
+from data import (
+    PackedStream, ShardStream, data_identity, is_conversations, load_manifest, split_over_processes, val_windows)
 from jreg import JregObjective, Profile, jump_rate
-from lib.conversations import PackedStream, is_conversations
 from model import Llama
 from parallel import Group, place, processes, shard_fsdp, to_device
 from runs import Run, peak_flops, start_weights

@@ -13,9 +13,10 @@ import os
 import torch
 
 from config import fail
-from data import HFTokenizer, get_tokenizer, one_line, tokenizer_fingerprint
+from data import one_line
 from lib.progress import timed
 from model import Llama, LlamaConfig, rope_cache
+from tokenizer import HFTokenizer, get_tokenizer, tokenizer_fingerprint
 
 
 def hf_names(n_layer):

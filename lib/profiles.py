@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from lib.conversations import is_conversations, read_manifest
-from data import HFTokenizer, get_tokenizer, list_shards, read_shard, tokenizer_fingerprint
+from data import is_conversations, list_shards, read_manifest, read_shard
 from jreg import Profile
 from lib.hf import llama_from_hf
 from lib.progress import Progress
 from model import Llama
+from tokenizer import HFTokenizer, get_tokenizer, tokenizer_fingerprint
 
 
 def profile_target(hf_model):

@@ -18,10 +18,11 @@ import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from data import HFTokenizer, one_line
+from data import one_line
 from lib.profiles import forward_streams, readout
 from lib.hf import hf_max_length
 from lib.progress import Progress
+from tokenizer import HFTokenizer
 
 
 # A task: its hub dataset (path, config) and the split the harness evaluates, with its number of documents n; build:

@@ -20,10 +20,11 @@ import tempfile
 
 import numpy as np
 
-from data import HFTokenizer, write_atomic
+from data import write_atomic
 from lib import tasks as TK
 from lib.hf import llama_to_hf
 from lib.commands import load_run
+from tokenizer import HFTokenizer
 
 HARNESS_YAML = {"lambada_openai": "lambada/lambada_openai.yaml", "boolq": "super_glue/boolq/default.yaml",
                 "arc_easy": "arc/arc_easy.yaml", "arc_challenge": "arc/arc_challenge.yaml",

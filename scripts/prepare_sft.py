@@ -23,10 +23,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from lib.conversations import HEADERS, MASK_TOKENIZER, START, chat_template, render, render_template
-from data import (
-    MANIFEST, get_tokenizer, load_manifest, lock_preparation, one_line, open_sources, remove_preparation,
-    tokenizer_fingerprint, write_atomic, write_shard)
+from lib.conversations import HEADERS, chat_template, render, render_template
+from data import MANIFEST, MASK_TOKENIZER, START, load_manifest, one_line, write_atomic, write_shard
+from lib.preparation import lock_preparation, open_sources, remove_preparation
+from tokenizer import get_tokenizer, tokenizer_fingerprint
 
 
 DEFAULT_DATASET = "allenai/tulu-v2-sft-mixture"
