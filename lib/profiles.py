@@ -113,7 +113,7 @@ def profile_model(model, windows, analysis_tokens=None, progress=False):
     """The layer profile of `model` (our Llama, or a transformers causal LM through hooks) over `windows`.
 
     windows: iterable of LongTensor [B, T + 1], or (windows, mask) with mask True on real tokens (right padding):
-    the model reads w[:, :-1] and is scored on w[:, 1:], as train.py's eval; or (x, y, real) of conversations.PackedStream:
+    the model reads w[:, :-1] and is scored on w[:, 1:], as train.py's eval; or (x, y, real) of data.PackedStream:
     Ψ over the real tokens and the loss over the targets y != -1, as train.py's eval of a fine-tuning run, plus
     "assistant": the profile over the positions whose next token is a loss target (the assistant's answers).
     Ψ, ζ and the loss: jreg.Profile, token-weighted over all batches (psi: Ψ_1..Ψ_L, zeta: ζ_2..ζ_L, empty for one

@@ -206,7 +206,7 @@ def load_task(task, data_dir=None, limit=None):
 class ModelLM:
     """Our Llama with its tokenizer, encoded as the harness encodes: encode(str) -> ids; logits(tokens) -> fp32
     [B, T, V]. tiktoken: no BOS, special-token text read as its token, EOT the prefix of an empty context. A Hugging
-    Face tokenizer (a run's data.HFTokenizer, or HFModelLM's own) as HFLM: its default add_special_tokens, BOS (else
+    Face tokenizer (a run's tokenizer.HFTokenizer, or HFModelLM's own) as HFLM: its default add_special_tokens, BOS (else
     EOS) the prefix."""
 
     def __init__(self, model, tokenizer, name="model", max_length=None, hf=None):

@@ -33,7 +33,7 @@ HARNESS_YAML = {"lambada_openai": "lambada/lambada_openai.yaml", "boolq": "super
 
 
 def byte_tokenizer():
-    """A Hugging Face fast tokenizer with data.get_tokenizer("bytes")'s ids: byte b is token b, <|endoftext|> 256, no
+    """A Hugging Face fast tokenizer with tokenizer.get_tokenizer("bytes")'s ids: byte b is token b, <|endoftext|> 256, no
     BOS, no merges."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

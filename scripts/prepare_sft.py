@@ -225,7 +225,7 @@ def main(argv=None):
     p.add_argument("--out_dir", required=True)
     p.add_argument("--seq_len", type=int, default=2048, help="training window; longer conversations are cut to "
                    "seq_len + 1 tokens (default %(default)s)")
-    p.add_argument("--tokenizer", default="gpt2", help="data.get_tokenizer name: gpt2 (default), bytes, ..., or "
+    p.add_argument("--tokenizer", default="gpt2", help="tokenizer.get_tokenizer name: gpt2 (default), bytes, ..., or "
                    "hf:NAME_OR_DIR, hf:DIR/FILE.gguf (its chat template is used when it has one)")
     p.add_argument("--val_conversations", type=int, default=200, help="the first N kept conversations form the "
                    "val split (default %(default)s)")

@@ -1273,7 +1273,7 @@ def test_hf_loading_failures_are_one_line_naming_the_model(case, tmp_path, data_
 
 
 def test_hf_profile_of_shards_in_a_hugging_face_tokenizer(tmp_path):
-    """Shards written with an HF tokenizer (data.get_tokenizer("hf:DIR")) are profiled with a model of that tokenizer,
+    """Shards written with an HF tokenizer (tokenizer.get_tokenizer("hf:DIR")) are profiled with a model of that tokenizer,
     wherever its folder is, and refused for a model with another vocabulary."""
     from test_prepare_fineweb import train_bpe
     name = train_bpe(tmp_path / "bpe", docs=[GPT2_TEXT] * 4)

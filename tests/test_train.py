@@ -1185,7 +1185,7 @@ def test_continued_pretraining_from_a_hugging_face_model_with_its_own_tokenizer(
     assert R.init_weights(str(tmp_path / "out"), f"hf:{tmp_path / 'out' / 'tokenizer'}")[1] == mine.config  # its copy
     with pytest.raises(SystemExit, match="was trained with tokenizer"):                                     # by its print
         R.init_weights(str(tmp_path / "out"), other)
-    monkeypatch.setenv("HOME", str(tmp_path))                  # hf:~/DIR, as data.get_tokenizer reads it
+    monkeypatch.setenv("HOME", str(tmp_path))                  # hf:~/DIR, as tokenizer.get_tokenizer reads it
     assert R.init_weights_hf("~/model", model)[0].keys() == mine.state_dict().keys()
     os.rename(tmp_path / "model", tmp_path / "gone")           # the source goes: the run resumes in its own copy
     resumed = [*args[1:], f"--tokenizer=hf:{tmp_path / 'out' / 'tokenizer'}", f"--init_from={model}", "--max_steps=3"]
