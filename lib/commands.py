@@ -11,10 +11,11 @@ import re
 
 import torch
 
-from data import HFTokenizer, get_tokenizer, one_line
+from data import one_line
 from lib.hf import _hf_kwargs, hf_max_length, hf_name, llama_from_hf, load_hf
 from model import Llama, LlamaConfig
 from runs import list_checkpoints, load_checkpoint, model_state, run_step
+from tokenizer import HFTokenizer, get_tokenizer
 
 
 def checkpoint_path(run_dir, step=None, what=None):

@@ -13,9 +13,10 @@ import os
 import torch
 
 from config import fail
-from data import HFTokenizer, get_tokenizer, one_line, tokenizer_fingerprint
+from data import one_line
 from lib.progress import timed
 from model import Llama, LlamaConfig, rope_cache
+from tokenizer import HFTokenizer, get_tokenizer, tokenizer_fingerprint
 
 
 def hf_names(n_layer):
@@ -143,12 +144,12 @@ def hf_max_length(config, tokenizer=None, default=2048):
 def init_weights_hf(name, tokenizer):
     """A Hugging Face Llama (a hub name, a local folder or DIR/FILE.gguf) through llama_from_hf; each way it can fail is
     one line. If it ships a tokenizer, that must be the data's `tokenizer`: for a Hugging Face one the same vocabulary
-    fingerprint (data.tokenizer_fingerprint, which the shards' headers carry), for a tiktoken one the same ids of a
+    fingerprint (tokenizer.tokenizer_fingerprint, which the shards' headers carry), for a tiktoken one the same ids of a
     probe text."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     where, name = f"init_from 'hf:{name}'", os.path.expanduser(name)
     local, (path, gguf) = os.path.exists(name), os.path.split(name) if name.lower().endswith(".gguf") else (name, None)
-    path = path or "."                                  # FILE.gguf: in this folder, as data.get_tokenizer reads it
+    path = path or "."                                  # FILE.gguf: in this folder, as tokenizer.get_tokenizer reads it
     kwargs = _hf_kwargs(gguf)
     if not local and (gguf or name.startswith((".", "/", "~")) or name.count("/") > 1):
         fail(f"{where}: no such {'GGUF file' if gguf else 'folder'}")

@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from lib.conversations import is_conversations, read_manifest
-from data import HFTokenizer, get_tokenizer, list_shards, read_shard, tokenizer_fingerprint
+from data import is_conversations, list_shards, read_manifest, read_shard
 from jreg import Profile
 from lib.hf import llama_from_hf
 from lib.progress import Progress
 from model import Llama
+from tokenizer import HFTokenizer, get_tokenizer, tokenizer_fingerprint
 
 
 def profile_target(hf_model):
@@ -113,7 +113,7 @@ def profile_model(model, windows, analysis_tokens=None, progress=False):
     """The layer profile of `model` (our Llama, or a transformers causal LM through hooks) over `windows`.
 
     windows: iterable of LongTensor [B, T + 1], or (windows, mask) with mask True on real tokens (right padding):
-    the model reads w[:, :-1] and is scored on w[:, 1:], as train.py's eval; or (x, y, real) of conversations.PackedStream:
+    the model reads w[:, :-1] and is scored on w[:, 1:], as train.py's eval; or (x, y, real) of data.PackedStream:
     Ψ over the real tokens and the loss over the targets y != -1, as train.py's eval of a fine-tuning run, plus
     "assistant": the profile over the positions whose next token is a loss target (the assistant's answers).
     Ψ, ζ and the loss: jreg.Profile, token-weighted over all batches (psi: Ψ_1..Ψ_L, zeta: ζ_2..ζ_L, empty for one

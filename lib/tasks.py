@@ -18,10 +18,11 @@ import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from data import HFTokenizer, one_line
+from data import one_line
 from lib.profiles import forward_streams, readout
 from lib.hf import hf_max_length
 from lib.progress import Progress
+from tokenizer import HFTokenizer
 
 
 # A task: its hub dataset (path, config) and the split the harness evaluates, with its number of documents n; build:
@@ -205,7 +206,7 @@ def load_task(task, data_dir=None, limit=None):
 class ModelLM:
     """Our Llama with its tokenizer, encoded as the harness encodes: encode(str) -> ids; logits(tokens) -> fp32
     [B, T, V]. tiktoken: no BOS, special-token text read as its token, EOT the prefix of an empty context. A Hugging
-    Face tokenizer (a run's data.HFTokenizer, or HFModelLM's own) as HFLM: its default add_special_tokens, BOS (else
+    Face tokenizer (a run's tokenizer.HFTokenizer, or HFModelLM's own) as HFLM: its default add_special_tokens, BOS (else
     EOS) the prefix."""
 
     def __init__(self, model, tokenizer, name="model", max_length=None, hf=None):

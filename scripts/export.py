@@ -21,10 +21,11 @@ import sys
 import torch
 
 from lib.conversations import HEADERS, chat_template, prompt_ids, render
-from data import EOT, HFTokenizer, one_line, tokenizer_tag
+from data import one_line
 from lib.hf import llama_to_hf
 from lib.commands import check_writable, load_run
 from runs import run_step
+from tokenizer import EOT, HFTokenizer, tokenizer_tag
 
 
 # conversations.render's chat template: EOT, then each turn's header and content; EOT closes each

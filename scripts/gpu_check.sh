@@ -246,7 +246,8 @@ run prepare "$PY" - "$DATA_DIR" "${DATA[@]}" "$OUT/configs" "${T170[@]}" :: "${T
     --max_steps=$((2 * STEPS_1B)) <<'PY'
 import dataclasses, json, os, sys, numpy as np
 from config import load_config
-from data import write_manifest, write_shard
+from data import write_shard
+from lib.preparation import write_manifest
 d, tokenizer, vocab, eot, tokens, configs = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]), sys.argv[6]
 if not os.path.exists(f"{d}/manifest.json"):                        # else: an earlier call's, the same
     os.makedirs(d, exist_ok=True)

@@ -20,10 +20,11 @@ import tempfile
 
 import numpy as np
 
-from data import HFTokenizer, write_atomic
+from data import write_atomic
 from lib import tasks as TK
 from lib.hf import llama_to_hf
 from lib.commands import load_run
+from tokenizer import HFTokenizer
 
 HARNESS_YAML = {"lambada_openai": "lambada/lambada_openai.yaml", "boolq": "super_glue/boolq/default.yaml",
                 "arc_easy": "arc/arc_easy.yaml", "arc_challenge": "arc/arc_challenge.yaml",
@@ -32,7 +33,7 @@ HARNESS_YAML = {"lambada_openai": "lambada/lambada_openai.yaml", "boolq": "super
 
 
 def byte_tokenizer():
-    """A Hugging Face fast tokenizer with data.get_tokenizer("bytes")'s ids: byte b is token b, <|endoftext|> 256, no
+    """A Hugging Face fast tokenizer with tokenizer.get_tokenizer("bytes")'s ids: byte b is token b, <|endoftext|> 256, no
     BOS, no merges."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

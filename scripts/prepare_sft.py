@@ -23,10 +23,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from lib.conversations import HEADERS, MASK_TOKENIZER, START, chat_template, render, render_template
-from data import (
-    MANIFEST, get_tokenizer, load_manifest, lock_preparation, one_line, open_sources, remove_preparation,
-    tokenizer_fingerprint, write_atomic, write_shard)
+from lib.conversations import HEADERS, chat_template, render, render_template
+from data import MANIFEST, MASK_TOKENIZER, START, load_manifest, one_line, write_atomic, write_shard
+from lib.preparation import lock_preparation, open_sources, remove_preparation
+from tokenizer import get_tokenizer, tokenizer_fingerprint
 
 
 DEFAULT_DATASET = "allenai/tulu-v2-sft-mixture"
@@ -225,7 +225,7 @@ def main(argv=None):
     p.add_argument("--out_dir", required=True)
     p.add_argument("--seq_len", type=int, default=2048, help="training window; longer conversations are cut to "
                    "seq_len + 1 tokens (default %(default)s)")
-    p.add_argument("--tokenizer", default="gpt2", help="data.get_tokenizer name: gpt2 (default), bytes, ..., or "
+    p.add_argument("--tokenizer", default="gpt2", help="tokenizer.get_tokenizer name: gpt2 (default), bytes, ..., or "
                    "hf:NAME_OR_DIR, hf:DIR/FILE.gguf (its chat template is used when it has one)")
     p.add_argument("--val_conversations", type=int, default=200, help="the first N kept conversations form the "
                    "val split (default %(default)s)")

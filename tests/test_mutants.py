@@ -25,7 +25,7 @@ import runs as R
 from scripts import survey
 from lib import tasks as TK
 from lib.conversations import prompt_ids
-from data import get_tokenizer
+from tokenizer import get_tokenizer
 from lib.generation import generate
 from test_chat import A, U, enc, random_model, run_chat, trained  # noqa: F401 (fixtures)
 from test_chat import save_run as chat_run

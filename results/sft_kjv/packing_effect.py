@@ -6,7 +6,7 @@
 import json, os, platform, sys
 import numpy as np, torch, torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from lib import conversations  # noqa: E402
+from data import PackedStream, read_manifest  # noqa: E402
 from lib.commands import load_run  # noqa: E402
 torch.set_num_threads(1)
 run_dir, seq_len, out, *rest = sys.argv[1:]
@@ -25,7 +25,7 @@ def mean(d, convs):
 
 
 def measure(data_dir):
-    s = conversations.PackedStream(data_dir, "val", seq_len, 0, enc.name, model.config.vocab_size)
+    s = PackedStream(data_dir, "val", seq_len, 0, enc.name, model.config.vocab_size)
     packed, alone, first = {}, {}, set()  # conversation -> (sum of losses, targets)
     for k in range(0, s.per_epoch, 16):
         x, y, _ = s.batch(k, min(16, s.per_epoch - k))
@@ -50,8 +50,8 @@ def measure(data_dir):
             alone[c] = (float(loss.sum()), int((y[row] >= 0).sum()))
     later = [c for c in order if c not in first]
     assert all(packed[c][1] == alone[c][1] for c in order)
-    train = conversations.PackedStream(data_dir, "train", seq_len, meta["config"]["seed"], enc.name, model.config.vocab_size)
-    return {"data": data_dir, "prepared_seq_len": conversations.read_manifest(data_dir)["config"]["seq_len"],
+    train = PackedStream(data_dir, "train", seq_len, meta["config"]["seed"], enc.name, model.config.vocab_size)
+    return {"data": data_dir, "prepared_seq_len": read_manifest(data_dir)["config"]["seq_len"],
             "train_conversations": len(train.lengths), "train_windows": train.per_epoch,
             "val_conversations": len(order), "windows": s.per_epoch, "target_tokens": sum(packed[c][1] for c in order),
             "loss_packed": round(mean(packed, order), 4), "loss_alone": round(mean(alone, order), 4),

@@ -15,7 +15,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 import prepare_fineweb  # noqa: E402
-from data import kjv_path  # noqa: E402
+from lib.preparation import kjv_path  # noqa: E402
 from runs import git  # noqa: E402
 from scripts.bench import machine  # noqa: E402
 
