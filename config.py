@@ -9,6 +9,7 @@ import dataclasses
 import importlib.util
 import math
 import os
+import shlex
 import traceback
 
 import torch
@@ -35,7 +36,8 @@ class Config:
     data_dir: str = "data/fineweb_edu"   # a folder of prepare_fineweb.py or prepare_sft.py
     tokenizer: str = "gpt2"         # the shards': gpt2 | bytes | a tiktoken name | hf:NAME_OR_DIR | hf:DIR/FILE.gguf
     # fine-tuning or continued pre-training: the weights to start from (not resumed: a new run), and their shape
-    init_from: str = ""             # "" (random) | RUN_DIR (newest ckpt) | RUN_DIR@STEP | RUN_DIR@latest | hf:NAME_OR_DIR
+    init_from: str = ""             # "" (random) | RUN_DIR (newest ckpt) | RUN_DIR@STEP | RUN_DIR@latest; a Hugging
+                                    # Face model: converted first (python -m scripts.convert_hf), then its OUT_DIR
     epochs: float = 0.0             # > 0: max_steps = epochs × windows per epoch / sequences per step
     warmup_ratio: float = 0.0       # > 0: warmup_steps = warmup_ratio × max_steps; set to 0: no warm-up
     # model: a preset of model.PRESETS. Any field of model.LlamaConfig but max_seq_len (n_layer, d_model, ...) is a
@@ -209,6 +211,9 @@ def check_config(cfg):
     need(cfg.fsdp_param_dtype in ("bfloat16", "float32"), "fsdp_param_dtype", "choose bfloat16 or float32")
     need(cfg.sharded_ckpt or not cfg.async_ckpt, "async_ckpt", "needs sharded_ckpt=True")
     need(not cfg.wandb_project or importlib.util.find_spec("wandb"), "wandb_project", "needs wandb: pip install wandb")
+    need(not cfg.init_from.startswith("hf:"), "init_from", "training reads only its own checkpoints: convert the "
+         f"model once with python -m scripts.convert_hf {shlex.quote(cfg.init_from)} OUT_DIR --tokenizer "
+         f"{shlex.quote(cfg.tokenizer)} and set init_from=OUT_DIR")
     if cfg.device != "auto":
         try:
             device = torch.device(cfg.device)
