@@ -12,6 +12,7 @@ import dataclasses
 import importlib.util
 import math
 import os
+import shlex
 import traceback
 
 import torch
@@ -38,7 +39,8 @@ class Config:
     data_dir: str = "data/fineweb_edu"   # a folder of prepare_fineweb.py or prepare_sft.py
     tokenizer: str = "gpt2"         # the shards': gpt2 | bytes | a tiktoken name | hf:NAME_OR_DIR | hf:DIR/FILE.gguf
     # fine-tuning or continued pre-training: the weights to start from (not resumed: a new run), and their shape
-    init_from: str = ""             # "" (random) | RUN_DIR (newest ckpt) | RUN_DIR@STEP | RUN_DIR@latest | hf:NAME_OR_DIR
+    init_from: str = ""             # "" (random) | RUN_DIR (newest ckpt) | RUN_DIR@STEP | RUN_DIR@latest; a Hugging
+                                    # Face model: converted first (python -m scripts.convert_hf), then its OUT_DIR
     epochs: float = 0.0             # > 0: max_steps = epochs × windows per epoch / sequences per step (derived)
     warmup_ratio: float = 0.0       # > 0: warmup_steps = warmup_ratio × max_steps (derived); set to 0: no warm-up
     # model: a preset of model.PRESETS. Any field of model.LlamaConfig but max_seq_len (n_layer, d_model, ...) is a
@@ -81,7 +83,7 @@ class Config:
 
 
 # settings that may differ when a run is resumed (recorded in config.json's history); all others must match
-RESUMABLE = {"max_steps", "epochs", "device", "dtype", "compile", "fsdp", "fsdp_param_dtype", "activation_checkpointing",
+RESUMABLE = {"init_from", "max_steps", "epochs", "device", "dtype", "compile", "fsdp", "fsdp_param_dtype", "activation_checkpointing",
              "loss_chunk", "dist_timeout_min", "micro_batch", "lr", "min_lr_ratio", "warmup_steps", "warmup_ratio", "grad_clip",
              "max_bad_steps", "log_interval", "eval_interval", "eval_batches", "ckpt_interval", "keep_ckpts",
              "keep_every", "sharded_ckpt", "async_ckpt", "wandb_project", "wandb_run_name"}
@@ -211,6 +213,9 @@ def check_config(cfg):
     need(cfg.fsdp_param_dtype in ("bfloat16", "float32"), "fsdp_param_dtype", "choose bfloat16 or float32")
     need(cfg.sharded_ckpt or not cfg.async_ckpt, "async_ckpt", "needs sharded_ckpt=True")
     need(not cfg.wandb_project or importlib.util.find_spec("wandb"), "wandb_project", "needs wandb: pip install wandb")
+    need(not cfg.init_from.startswith("hf:"), "init_from", "training reads only its own checkpoints: convert the "
+         f"model once with python -m scripts.convert_hf {shlex.quote(cfg.init_from)} OUT_DIR --tokenizer "
+         f"{shlex.quote(cfg.tokenizer)} and set init_from=OUT_DIR")
     if cfg.device != "auto":
         try:
             device = torch.device(cfg.device)

@@ -25,7 +25,6 @@ import torch.distributed as dist
 from config import BEFORE, RESUMABLE, fail, model_config
 from checkpoint import list_checkpoints, load_checkpoint, model_state
 from data import lock_file, write_atomic
-from lib.hf import init_weights_hf
 from model import LlamaConfig
 from tokenizer import get_tokenizer, same_tokenizer, tokenizer_tag
 
@@ -159,10 +158,9 @@ def run_step(spec, step=None):
 
 
 def init_weights(spec, tokenizer):
-    """(state dict, model config) of the weights a fine-tuning run starts from: RUN_DIR, RUN_DIR@STEP, RUN_DIR@latest
-    or hf:NAME_OR_DIR; they must have been trained with `tokenizer` (the data's)."""
-    if spec.startswith("hf:"):
-        return init_weights_hf(spec[3:], tokenizer)
+    """(state dict, model config) of the weights a fine-tuning run starts from: RUN_DIR, RUN_DIR@STEP or RUN_DIR@latest
+    (a Hugging Face model: converted into a run folder first, scripts/convert_hf.py); they must have been trained with
+    `tokenizer` (the data's)."""
     run_dir, at = run_step(spec)
     ckpts = dict(list_checkpoints(run_dir))
     if (step := max(ckpts, default=None) if at is None else at) not in ckpts:

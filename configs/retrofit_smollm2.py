@@ -3,11 +3,13 @@
 # the King James Bible in its own tokenizer. docs/retrofit.md has the experiment and its results.
 # Data: python prepare_fineweb.py --input $KJV --out_dir data/kjv_smollm2 --prefix kjv \
 #           --tokenizer hf:$(python -c "from lib.preparation import smollm2_gguf; print(smollm2_gguf())") --val_tokens 100000 --shard_tokens 2000000
+# Weights, converted once (scripts/retrofit.sh does both): GGUF=$(python -c "from lib.preparation import smollm2_gguf; print(smollm2_gguf())")
+#   python -m scripts.convert_hf "hf:$GGUF" out/retrofit/smollm2_135m_converted --tokenizer "hf:$GGUF"
 from lib.preparation import smollm2_gguf as _gguf
 
-init_from = "hf:" + _gguf(required=False)   # the weights to continue from (hf:NAME_OR_DIR or hf:DIR/FILE.gguf); a
-                                            # resume never reads them: the package may go (docs/retrofit.md)
-tokenizer = init_from          # the model's own tokenizer, the data's (their fingerprints must agree)
+init_from = "out/retrofit/smollm2_135m_converted"   # the weights to continue from (its step 0); a resume never
+                                                    # reads them: the folder and the package may go (docs/retrofit.md)
+tokenizer = "hf:" + _gguf(required=False)   # the model's own tokenizer, the data's (their fingerprints must agree)
 data_dir = "data/kjv_smollm2"
 out_dir = "out/retrofit/base"
 device = "cpu"

