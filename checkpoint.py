@@ -35,8 +35,8 @@ import torch.distributed as dist
 
 from config import fail
 from data import one_line
-from tokenizer import tokenizer_tag
 from model import Llama, LlamaConfig
+from tokenizer import tokenizer_tag
 
 
 class Checkpoints:

@@ -83,10 +83,11 @@ class Config:
 
 
 # settings that may differ when a run is resumed (recorded in config.json's history); all others must match
-RESUMABLE = {"init_from", "max_steps", "epochs", "device", "dtype", "compile", "fsdp", "fsdp_param_dtype", "activation_checkpointing",
-             "loss_chunk", "dist_timeout_min", "micro_batch", "lr", "min_lr_ratio", "warmup_steps", "warmup_ratio", "grad_clip",
-             "max_bad_steps", "log_interval", "eval_interval", "eval_batches", "ckpt_interval", "keep_ckpts",
-             "keep_every", "sharded_ckpt", "async_ckpt", "wandb_project", "wandb_run_name"}
+RESUMABLE = {"init_from", "max_steps", "epochs", "device", "dtype", "compile", "fsdp", "fsdp_param_dtype",
+             "activation_checkpointing", "loss_chunk", "dist_timeout_min", "micro_batch", "lr", "min_lr_ratio",
+             "warmup_steps", "warmup_ratio", "grad_clip", "max_bad_steps", "log_interval", "eval_interval",
+             "eval_batches", "ckpt_interval", "keep_ckpts", "keep_every", "sharded_ckpt", "async_ckpt",
+             "wandb_project", "wandb_run_name"}
 # the value a checkpoint written before a setting existed was trained with, where that is not today's default
 BEFORE = {"decay_embeddings": True}
 

@@ -29,7 +29,7 @@ from lib.profiles import (
     shards_tokenizer, text_documents, text_windows)
 from lib.hf import check_hf_source, load_hf
 from lib.commands import check_device, check_writable, checkpoint_path, int_at_least, load_run, max_length_of
-from runs import list_checkpoints, load_checkpoint
+from checkpoint import list_checkpoints, load_checkpoint
 from lib.tasks import HFModelLM, ModelLM, PAPER_TASKS, TASKS, evaluate_tasks, load_task, parse_tasks
 
 

@@ -117,14 +117,13 @@ class JregObjective(nn.Module):
     """One micro-batch's loss and penalty from one forward of `model`, so that torch.compile traces them as one graph
     (and DDP wraps them as one module). Every setting of the penalty but λ is an argument here: w = layer_weights(L,
     alpha, weighting); h_L raw or after the final norm (final_norm); position 0 left out (skip_first); penalize=False
-    (λ = 0, the baseline) computes Ψ for the log only, outside autograd. compile_penalty: the penalty compiled on its
-    own (FSDP, where the model is compiled in parts)."""
+    (λ = 0, the baseline) computes Ψ for the log only, outside autograd. (Compiled, sharded or
+    wrapped: parallel.parallelize.)"""
 
-    def __init__(self, model, alpha=1.0, weighting="index", final_norm=False, skip_first=False, penalize=True,
-                 compile_penalty=False):
+    def __init__(self, model, alpha=1.0, weighting="index", final_norm=False, skip_first=False, penalize=True):
         super().__init__()
         self.model, self.final_norm, self.skip_first, self.penalize = model, final_norm, skip_first, penalize
-        self.displacement = torch.compile(displacement) if compile_penalty else displacement
+        self.displacement = displacement
         self.register_buffer("weights", layer_weights(model.config.n_layer, alpha, weighting), persistent=False)
 
     def forward(self, x, y, mask=None):

@@ -22,8 +22,8 @@ from contextlib import suppress
 import torch
 import torch.distributed as dist
 
-from config import BEFORE, RESUMABLE, fail, model_config
 from checkpoint import list_checkpoints, load_checkpoint, model_state
+from config import BEFORE, RESUMABLE, fail, model_config
 from data import lock_file, write_atomic
 from model import LlamaConfig
 from tokenizer import get_tokenizer, same_tokenizer, tokenizer_tag

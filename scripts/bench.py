@@ -36,19 +36,22 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from contextlib import nullcontext, suppress
 
 import torch
 import torch.nn.functional as F
 
+from checkpoint import list_checkpoints, load_checkpoint
 from config import Config, load_config, model_config
 from data import one_line
-from lib.generation import generate, generate_uncached
 from jreg import JregObjective, jreg_penalty
-from lib.hf import llama_to_hf
-from model import ChunkedCrossEntropy, Llama, LlamaConfig, PRESETS
 from lib.commands import check_device, int_at_least
-from runs import PEAK_FLOPS, git, list_checkpoints, load_checkpoint, peak_flops
+from lib.generation import generate, generate_uncached
+from lib.hf import llama_to_hf
+from loss import cross_entropy
+from model import Llama, LlamaConfig, PRESETS
+from runs import PEAK_FLOPS, git, peak_flops
 
 
 CLOCK = time.perf_counter      # --cpu_time: time.process_time, this process's CPU seconds (a machine shared)
@@ -196,7 +199,7 @@ def fwd_bwd(run, x, y, autocast, full=False):
 
 
 def bench_loss_chunks(mcfg, device, args, autocast, y):
-    """--loss_chunks: the loss as training runs it (lm_head and cross-entropy through ChunkedCrossEntropy, forward +
+    """--loss_chunks: the loss as training runs it (lm_head and cross-entropy through loss.cross_entropy, forward +
     backward into allocated gradients) at each chunk size, interleaved: step time, and the measured peak beyond the
     weights and gradients per logit of the micro-batch. Each chunk writes one fresh fp32 gradient of the head and adds
     it into the sum: chunks x 4 x the head's fp32 bytes of memory traffic, shown beside."""
@@ -206,11 +209,9 @@ def bench_loss_chunks(mcfg, device, args, autocast, y):
     h.grad, n = torch.zeros_like(h), y.numel()
 
     def step(rows):
-        loss_fn = ChunkedCrossEntropy(rows)
-
         def run():
             with autocast:
-                loss = loss_fn(head, h, y)
+                loss, _ = cross_entropy(head, h, y, rows)
             loss.backward()
         return run
     steps = {rows: step(rows) for rows in args.loss_chunks}
@@ -244,7 +245,7 @@ def bench_memory(mcfg, device, args, autocast, x, y):
     h = torch.randn(args.micro_batch, args.seq_len, mcfg.d_model, device=device, requires_grad=True)
     per_logit = {}
     for name, loss in (("full", lambda: F.cross_entropy(model.lm_head(h).float().flatten(0, 1), y.view(-1))),
-                       ("chunked", lambda: model.loss_fn(model.lm_head, h, y))):
+                       ("chunked", lambda: model.loss(model.lm_head, h, y, model.loss_chunk)[0])):
         def loss_step():
             with autocast:
                 value = loss()
@@ -275,14 +276,22 @@ def bench_memory(mcfg, device, args, autocast, x, y):
 
 
 def bench_against(mcfg, device, args, autocast, x, y):
-    """--against REV: forward + backward of the training loss (CE + the λ = 1 penalty) through model.py as it is and
-    as it was at git revision REV, with the same weights, interleaved; and whether the two give the same numbers."""
-    found = subprocess.run(["git", "show", f"{args.against}:model.py"], capture_output=True, text=True,
-                           cwd=os.path.dirname(os.path.abspath(__file__)))
-    if found.returncode:
-        raise SystemExit(f"error: --against {args.against}: {found.stderr.strip()}")
-    then = {}
-    exec(compile(found.stdout, f"{args.against}:model.py", "exec"), then)
+    """--against REV: forward + backward of the training loss (CE + the λ = 1 penalty) through model.py (and loss.py,
+    where REV has one) as they are and as they were at git revision REV, with the same weights, interleaved; and whether
+    the two give the same numbers."""
+    def source(path):
+        return subprocess.run(["git", "show", f"{args.against}:{path}"], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__)))
+    if (model_py := source("model.py")).returncode:
+        raise SystemExit(f"error: --against {args.against}: {model_py.stderr.strip()}")
+    then, now_loss = {}, sys.modules["loss"]
+    if not (loss_py := source("loss.py")).returncode:   # REV's model.py imports REV's loss.py, not today's
+        sys.modules["loss"] = types.ModuleType("loss")
+        exec(compile(loss_py.stdout, f"{args.against}:loss.py", "exec"), sys.modules["loss"].__dict__)
+    try:
+        exec(compile(model_py.stdout, f"{args.against}:model.py", "exec"), then)
+    finally:
+        sys.modules["loss"] = now_loss
     fields = {f.name for f in dataclasses.fields(then["LlamaConfig"])}
     now = Llama(mcfg).to(device)
     old = then["Llama"](then["LlamaConfig"](**{k: v for k, v in dataclasses.asdict(mcfg).items() if k in fields}))
@@ -428,7 +437,7 @@ def bench_training(mcfg, device, args, autocast, x, y):
         obj = JregObjective(model, alpha=1.0, penalize=lam > 0).to(device)
         run = torch.compile(obj) if args.compile else obj
         def loss(a, b):
-            ce, penalty, _ = run(a, b)
+            ce, penalty, *_ = run(a, b)
             return ce + lam * penalty                                   # as train.py's loop, one micro-batch
         return model, loss
 

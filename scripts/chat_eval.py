@@ -33,7 +33,8 @@ from lib.judge import (
     Cache, JUDGE_MAX_TOKENS, Judge, NEED_REF_CATS, category, digest, fastchat_data, judge_answers, jsonl_records,
     load_judge_prompts)
 from lib.commands import check_device, check_writable, checkpoint_path, int_at_least, load_llama
-from runs import list_checkpoints, run_step
+from checkpoint import list_checkpoints
+from runs import run_step
 
 
 TEMPERATURE = {"writing": 0.7, "roleplay": 0.7, "extraction": 0.0, "math": 0.0, "coding": 0.0, "reasoning": 0.0,
