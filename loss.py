@@ -19,8 +19,11 @@ from torch.func import functional_call, vjp
 
 def chunk_loss(logits, targets):
     """The loss of one chunk of positions, as named sums over its targets != -1, in fp32: training minimises their
-    total, and logs each one's mean per predicted position under its name."""
-    return {"ce": F.cross_entropy(logits.float(), targets, ignore_index=-1, reduction="sum")}
+    total, and logs each one's mean per predicted position under its name (a term added here is logged by itself)."""
+    logits = logits.float()
+    return {
+        "ce": F.cross_entropy(logits, targets, ignore_index=-1, reduction="sum"),
+    }
 
 
 def cross_entropy(head, hidden, targets, rows=1024):

@@ -233,7 +233,9 @@ def test_the_training_objective_honours_every_jreg_setting():
     for normed, skip, weighting, alpha in [(True, True, "depth", 3.0), (False, False, "last", 0.5),
                                            (True, False, "index", 3.0)]:
         objective = JregObjective(model, alpha=alpha, weighting=weighting, final_norm=normed, skip_first=skip)
-        ce, penalty, psi = objective(idx, y, real)
+        ce, penalty, terms, logged = objective(idx, y, real)
+        psi = logged["psi"]
+        assert terms.keys() == {"ce"} and torch.equal(terms["ce"], ce.detach()) and torch.equal(logged["jreg"], penalty)
         hs = streams(model(idx, y), normed)
         assert torch.allclose(psi, displacement(hs, mask=real, skip_first=skip), atol=1e-6)
         assert torch.allclose(penalty, jreg_penalty(hs, alpha, weighting, mask=real, skip_first=skip), atol=1e-6)
@@ -256,6 +258,24 @@ def test_a_cached_forward_goes_on_after_the_cache():
         logits = model(padded, cache=cache).logits
         assert torch.allclose(logits[1], model(idx[1:, 5:]).logits[0, -1:], atol=1e-5)
         assert torch.allclose(logits[0], full[0, -1:], atol=1e-5)
+
+
+def test_the_chunked_loss_is_the_cross_entropy_of_the_head():
+    """loss.cross_entropy(head, h, y, rows) = F.cross_entropy(head(h), y, ignore_index=-1), its docstring's promise:
+    with and without gradients, chunks that do not divide the positions (7 into 20), ignored targets, a head with a
+    bias; the same gradients for h and the head; its one term, ce, is the loss itself, detached."""
+    from loss import cross_entropy
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 41, bias=True)
+    h, y = torch.randn(2, 10, 16, requires_grad=True), torch.randint(-1, 41, (2, 10))
+    full = torch.nn.functional.cross_entropy(head(h).flatten(0, 1), y.flatten(), ignore_index=-1)
+    chunked, terms = cross_entropy(head, h, y, rows=7)
+    assert_close_ulps(chunked, full, ulps=16)
+    assert terms.keys() == {"ce"} and torch.equal(terms["ce"], chunked.detach()) and not terms["ce"].requires_grad
+    grads = [torch.autograd.grad(loss, [h, head.weight, head.bias]) for loss in (full, chunked)]
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
+    with torch.no_grad():
+        assert_close_ulps(cross_entropy(head, h, y, rows=7)[0], full, ulps=16)
 
 
 def test_an_edit_to_the_head_reaches_the_training_loss():

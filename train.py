@@ -251,8 +251,9 @@ def main(argv):
         means = train_step(objective, batches, counts, cfg.jreg_lambda, autocast, run.stop_requested())
         grad_norm = objective.clip_grad_norm(cfg.grad_clip)
         batches, counts = batches_at(seq_index + seqs_per_step)   # the next step's, read while the device works
-        means = read_on_host({**means, "grad_norm": grad_norm})  # the wait: the same numbers on every process
-        grad_norm, psi, stopping = means.pop("grad_norm"), means.pop("psi"), means.pop("stopping")
+        means["zeta"], means["grad_norm"] = jump_rate(means.pop("psi")), grad_norm     # ζ_2..ζ_L: on the device
+        means = read_on_host(means)                             # the wait: every number, the same on every process
+        grad_norm, zeta, stopping = means.pop("grad_norm"), means.pop("zeta"), means.pop("stopping")
         applied = math.isfinite(means["loss"]) and math.isfinite(grad_norm)
         if applied:
             optimizer.step()                                    # never a step on non-finite numbers
@@ -265,7 +266,7 @@ def main(argv):
         dt = time.time() - t0
         if applied and (step % cfg.log_interval == 0 or step == cfg.max_steps):
             run.log({"step": step, "tokens": step * cfg.batch_tokens, **means,      # loss, ce, jreg and any added
-                     "zeta_L": jump_rate(torch.tensor(psi))[-1].item() if len(psi) > 1 else None, "lr": lr,
+                     "zeta_L": zeta[-1] if zeta else None, "lr": lr,
                      "grad_norm": grad_norm, "tok_per_s": cfg.batch_tokens / dt,
                      "mfu": flops_per_step / dt / (peak * proc.world) if peak else None,
                      "mem_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None})

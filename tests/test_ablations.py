@@ -1,11 +1,12 @@
 """Tests of docs/ablations.md: each of its three worked edits changes what training minimises, the loss
 train.train_step backpropagates (CE · share + λ · penalty · share) with the objective built by train.py's own
 JregObjective(...) call. The edits are the page's own: its config snippet and its diffs are read from the page and
-applied to a copy of jreg.py / model.py, so a page that no longer matches the code fails here."""
+applied to a copy of jreg.py / model.py / loss.py, so a page that no longer matches the code fails here."""
 import ast
 import dataclasses
 import functools
 import inspect
+import json
 import os
 import re
 import shlex
@@ -20,8 +21,12 @@ import torch.nn.functional as F
 
 import config as CF
 import jreg
+import loss as LOSS
 import model as M
+import prepare_fineweb
 import train
+from lib import preparation as PREP
+from parallel import parallelize
 from conftest import assert_close_ulps
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
@@ -37,7 +42,7 @@ def doc_blocks(lang):
 
 
 def edited_module(name, monkeypatch, marker=""):
-    """A fresh copy of NAME.py (jreg or model) with the page's diff of that file that holds `marker` applied: each
+    """A fresh copy of NAME.py (jreg, model or loss) with the page's diff of that file that holds `marker` applied: each
     hunk's context and `-` lines must occur in the file exactly once, as whole lines, and become its context and `+`
     lines."""
     diffs = [d for d in doc_blocks("diff") if d.startswith(f"--- a/{name}.py\n") and marker in d]
@@ -57,10 +62,10 @@ def edited_module(name, monkeypatch, marker=""):
 
 
 def objective_as_train_builds_it(cfg, model):
-    """JregObjective(...) with the arguments of train.py's own call (train.main), evaluated on cfg and model."""
-    calls = [node for node in ast.walk(ast.parse(inspect.getsource(train.main)))
+    """JregObjective(...) with the arguments of train.py's own call (train.build_model), evaluated on cfg and model."""
+    calls = [node for node in ast.walk(ast.parse(inspect.getsource(train.build_model)))
              if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "JregObjective"]
-    assert len(calls) == 1, "train.main builds the objective in one JregObjective(...) call"
+    assert len(calls) == 1, "train.build_model builds the objective in one JregObjective(...) call"
     scope = {"cfg": cfg, "model": model}
     value = lambda node: eval(compile(ast.Expression(node), "train.py", "eval"), scope)     # noqa: E731
     kwargs = {k.arg: value(k.value) for k in calls[0].keywords}
@@ -68,9 +73,11 @@ def objective_as_train_builds_it(cfg, model):
 
 
 def training_loss(objective, cfg, batch):
-    """train.train_step on one micro-batch, one process, fp32 (it also runs the backward pass): StepStats."""
+    """train.train_step on one micro-batch, one process, fp32 (it also runs the backward pass): the step's named means
+    (loss, ce, jreg, psi, ...), tensors, as attributes."""
     counts = torch.tensor([train.token_counts(batch, cfg.jreg_skip_first)])
-    return train.train_step(objective, [batch], counts, cfg, nullcontext(), lambda on: None, stop=False)
+    spread = parallelize(objective, dataclasses.replace(cfg, compile=False), CPU)     # one process: as it is
+    return types.SimpleNamespace(**train.train_step(spread, [batch], counts, cfg.jreg_lambda, nullcontext(), False))
 
 
 def kjv_config(*args):
@@ -87,23 +94,24 @@ def test_the_names_the_page_gives_exist():
     """Every function, class and line "Where things are" and the three edits point to is where the page says."""
     doc = open(DOC, encoding="utf-8").read()
     from lib import hf
-    import runs
+    import checkpoint
     from lib import commands
     names = {"train_step": train, "build_model": train, "validate": train, "main": train, "Llama.forward": M,
              "Llama.reset_parameters": M, "Block.forward": M, "Attention.forward": M, "MLP.forward": M,
-             "RMSNorm": M, "ChunkedCrossEntropy": M, "chunk_loss_and_grads": M, "chunk_loss": M, "JregObjective.__init__": jreg,
+             "RMSNorm": M, "cross_entropy": LOSS, "chunk_loss_and_grads": LOSS, "chunk_loss": LOSS,
+             "JregObjective.__init__": jreg,
              "JregObjective.forward": jreg, "streams": jreg, "displacement": jreg, "layer_weights": jreg,
              "jreg_penalty": jreg, "WEIGHTINGS": jreg, "RESUMABLE": CF, "llama_to_hf": hf, "llama_from_hf": hf,
-             "restore": runs, "load_run": commands}
+             "restore": checkpoint, "load_run": commands}
     for name, module in names.items():                 # named on the page, and there (an AttributeError if not)
         assert f"`{name}`" in doc or f"`{module.__name__}.{name}`" in doc, name
         functools.reduce(getattr, name.split("."), module)
-    lines = {"loss = ce * ce_share + cfg.jreg_lambda * penalty * psi_share": train.train_step,
+    lines = {"loss = ce * ce_share + lam * penalty * psi_share": train.train_step,
              "(loss * world).backward()": train.train_step, "(self.weights * psi).sum()": jreg.JregObjective.forward,
              "out.hidden_states[:-1] + [out.final_hidden]": jreg.streams}
     for line, where in lines.items():
         assert f"`{line}`" in doc and line in inspect.getsource(where), line
-    assert "# the penalty's settings, all here" in inspect.getsource(train.main)
+    assert "# the penalty's settings, all here" in inspect.getsource(train.build_model)
     script = lambda name: open(os.path.join(HERE, "scripts", name), encoding="utf-8").read()     # noqa: E731
     assert "model.py is no standard Llama; nothing written" in script("export.py")
     assert "its model.py takes other weights" in script("bench.py")
@@ -179,10 +187,10 @@ def test_a_linear_weighting_changes_the_training_objective(monkeypatch):
     objective, kwargs = objective_as_train_builds_it(cfg, model)
     after = training_loss(objective, cfg, batch)
     assert kwargs["weighting"] == "linear" and torch.equal(objective.weights, w)
-    assert torch.allclose(after.penalty, (w * after.psi).sum(), atol=1e-7)
+    assert torch.allclose(after.jreg, (w * after.psi).sum(), atol=1e-7)
     assert torch.allclose(after.loss, after.ce + cfg.jreg_lambda * (w * after.psi).sum(), atol=1e-6)
     hs = model(*batch[:2]).hidden_states
-    assert torch.allclose(jreg.jreg_penalty(hs, cfg.jreg_alpha, "linear"), after.penalty, atol=1e-6)
+    assert torch.allclose(jreg.jreg_penalty(hs, cfg.jreg_alpha, "linear"), after.jreg, atol=1e-6)
     assert torch.equal(before.ce, after.ce) and abs(after.loss - before.loss) > 1e-3, (before.loss, after.loss)
 
 
@@ -198,12 +206,12 @@ def test_qk_norm_changes_training_and_generation(monkeypatch):
     plain = M.Llama(mcfg)
     edited = edited_module("model", monkeypatch, "q_norm")
     monkeypatch.setattr(M, "Attention", edited.Attention)            # what Block builds from now on
-    model, optimizer = train.build_model(cfg, mcfg, CPU, None)       # as train.py builds it, then plain's weights
+    model, _, optimizer = train.build_model(cfg, mcfg, CPU, None)      # as train.py builds it, then plain's weights
     gains = {f"layers.{i}.attn.{qk}_norm.weight" for i in range(mcfg.n_layer) for qk in "qk"}
     missing, unexpected = model.load_state_dict(plain.state_dict(), strict=False)
     assert set(missing) == gains and not unexpected
     with pytest.raises(RuntimeError, match=r"Missing key\(s\) in state_dict: .*q_norm"):
-        model.load_state_dict(plain.state_dict())                    # as runs.restore and commands.load_run load
+        model.load_state_dict(plain.state_dict())                    # as checkpoint.restore and commands.load_run load
     params = dict(model.named_parameters())
     assert all(torch.equal(params[name], torch.ones(mcfg.head_dim)) for name in gains)   # reset_parameters: gains 1
     no_decay = {id(p) for g in optimizer.param_groups if g["weight_decay"] == 0 for p in g["params"]}
@@ -236,30 +244,52 @@ def test_qk_norm_changes_training_and_generation(monkeypatch):
 
 
 def test_a_z_loss_changes_the_training_loss_and_its_gradient(monkeypatch):
-    """Edit 4: the page's diff of model.chunk_loss (a z-loss). On the same weights and batch, training's loss grows by
-    the z-loss computed by hand from the full logits, the head's gradient changes, and evaluation's loss too. (Before
-    the loss was a plain function under autograd, an edit to it changed evaluation only: training kept a hand-written
-    gradient, and a z-loss left its step-1 loss and gradient norm as they were.)"""
+    """Edit 4: the page's diff of loss.chunk_loss (a z-loss, one line). On the same weights and batch, training's loss
+    grows by the z-loss computed by hand from the full logits, the step reports it as its own term beside an unchanged
+    ce, the head's gradient changes, and evaluation's loss grows too. (Before the loss was a plain function under
+    autograd, an edit to it changed evaluation only: training kept a hand-written gradient.)"""
     cfg = kjv_config()
     torch.manual_seed(0)
     model = M.Llama(CF.model_config(cfg))
     x, y, _ = batch = random_batch(cfg)
     objective = objective_as_train_builds_it(cfg, model)[0]
 
-    def loss_and_head_grad():
+    def step_and_head_grad():
         model.zero_grad(set_to_none=True)
         stats = training_loss(objective, cfg, batch)
         with torch.no_grad():
             evaluated = model(x, y).loss
-        return stats.loss, model.lm_head.weight.grad.clone(), evaluated
-    before, grad_before, eval_before = loss_and_head_grad()
-    monkeypatch.setattr(M, "chunk_loss", edited_module("model", monkeypatch, "z_loss").chunk_loss)
-    after, grad_after, eval_after = loss_and_head_grad()
+        return stats, model.lm_head.weight.grad.clone(), evaluated
+    before, grad_before, eval_before = step_and_head_grad()
+    monkeypatch.setattr(LOSS, "chunk_loss", edited_module("loss", monkeypatch, "z_loss").chunk_loss)
+    after, grad_after, eval_after = step_and_head_grad()
     with torch.no_grad():
         lse = model(x).logits.float().logsumexp(-1)
     counted = y != -1
     z_loss = 1e-4 * (lse ** 2 * counted).sum() / counted.sum()
     assert z_loss > 1e-3                                                 # (log 320)² · 1e-4 at initialisation
-    assert after - before == pytest.approx(z_loss.item(), rel=1e-4)
+    assert not hasattr(before, "z_loss") and after.z_loss.item() == pytest.approx(z_loss.item(), rel=1e-4)
+    assert torch.equal(after.ce, before.ce)
+    assert (after.loss - before.loss).item() == pytest.approx(z_loss.item(), rel=1e-4)
     assert eval_after - eval_before == pytest.approx(z_loss.item(), rel=1e-4)
     assert (grad_after - grad_before).abs().max() > 1e-6
+
+
+def test_a_z_loss_is_logged_by_itself(monkeypatch, tmp_path, capsys):
+    """Edit 4 again, through train.main: the z-loss term, computed in the one line the page adds, appears in the step's
+    log line and in log.jsonl with no other edit, and the logged loss is ce + z_loss + λ · jreg."""
+    source = tmp_path / "source.txt"
+    source.write_text("\n".join(json.loads(line)["text"] for line in open(PREP.kjv_path(), encoding="utf-8"))[:40_000],
+                      encoding="utf-8")
+    prepare_fineweb.main(["--input", str(source), "--out_dir", str(tmp_path / "data"), "--prefix", "t", "--tokenizer",
+                          "bytes", "--val_tokens", "2048", "--shard_tokens", "20000", "--quiet"])
+    monkeypatch.setattr(LOSS, "chunk_loss", edited_module("loss", monkeypatch, "z_loss").chunk_loss)
+    train.main(["--model=tiny", "--vocab_size=320", "--n_layer=2", "--d_model=32", "--n_head=2", "--n_kv_head=1",
+                "--ffn_hidden=64", "--tokenizer=bytes", "--seq_len=32", "--micro_batch=4", "--batch_tokens=256",
+                "--compile=False", "--eval_interval=0", "--max_steps=2", "--jreg_lambda=1",
+                f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}"])
+    steps = [json.loads(line) for line in open(tmp_path / "out" / "log.jsonl") if '"loss"' in line]
+    assert len(steps) == 2 and all(s["z_loss"] > 1e-3 for s in steps)
+    assert all(s["loss"] == pytest.approx(s["ce"] + s["z_loss"] + s["jreg"], rel=1e-6) for s in steps)
+    shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert len(shown) == 2 and all(f"z_loss {s['z_loss']:.4f}" in line for s, line in zip(steps, shown))

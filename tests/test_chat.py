@@ -254,7 +254,7 @@ def run_chat(argv, stdin, monkeypatch, capsys):
 
 
 def save_run(model, path):
-    """A run folder holding one checkpoint of model (byte tokens), as train.py writes it (runs.Run.save)."""
+    """A run folder holding one checkpoint of model (byte tokens), as train.py writes it (checkpoint.Checkpoints.save)."""
     ckpt = {"model": model.state_dict(), "optimizer": {}, "model_config": dataclasses.asdict(model.config),
             "config": {"tokenizer": "bytes"}, "step": 300, "tokens": 0, "data_state": {}, "rng": {}}
     torch.save(ckpt, path / "ckpt_0000300.pt")

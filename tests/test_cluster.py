@@ -151,7 +151,7 @@ def test_fsdp_groups_the_root_as_torchtitan_and_gathers_in_the_chosen_dtype(one_
     from torch.distributed.fsdp import FSDPModule
     for dtype in ("float32", "bfloat16"):
         cfg = CF.load_config(TINY + ["--device=cpu", "--fsdp=True", f"--fsdp_param_dtype={dtype}"])
-        model, _ = train.build_model(cfg, CF.model_config(cfg), torch.device("cpu"), None)
+        model, _, _ = train.build_model(cfg, CF.model_config(cfg), torch.device("cpu"), None)
         assert all(isinstance(m, FSDPModule) for m in (model, model.tok_emb, *model.layers))
         assert not isinstance(model.lm_head, FSDPModule)    # the loss calls it inside torch.func: no FSDP hooks there
         out = model(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))

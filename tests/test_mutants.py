@@ -14,6 +14,7 @@ import torch
 from scripts import chat
 from scripts import chat_eval as ce
 import config as CF
+import model as M
 from lib import conversations as CV
 from scripts import export
 from lib import generation
@@ -360,6 +361,18 @@ def test_a_setting_the_checkpoint_predates_is_not_a_change():
     cfg, mcfg, ckpt = _resume_case()
     del ckpt["config"]["jreg_skip_first"]
     assert R.check_resume(cfg, mcfg, ckpt, "ckpt", None) == {}
+
+
+def test_a_model_setting_the_checkpoint_predates_resumes():
+    """A model field added with a default after a run was written (tie_embeddings stands in for a later dropout): its
+    checkpoint, without the field, resumes when the run asks the default, and is another model when it asks another
+    value. (Before: model_config compared as written, so any new field stopped every older run.)"""
+    cfg, mcfg, ckpt = _resume_case()
+    assert mcfg.tie_embeddings == M.LlamaConfig().tie_embeddings
+    del ckpt["model_config"]["tie_embeddings"]
+    assert R.check_resume(cfg, mcfg, ckpt, "ckpt", None) == {}
+    with pytest.raises(SystemExit, match="checkpoint ckpt is of another model"):
+        R.check_resume(cfg, dataclasses.replace(mcfg, tie_embeddings=True), ckpt, "ckpt", None)
 
 
 def test_load_run_reads_the_runs_own_copy_of_its_hugging_face_tokenizer(tmp_path):

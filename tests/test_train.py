@@ -19,6 +19,7 @@ import torch
 
 import train
 import prepare_fineweb
+import checkpoint as CK
 import config as CF
 import data as D
 from lib import preparation as PREP
@@ -27,7 +28,9 @@ import jreg
 import model as M
 from lib import commands
 import runs as R
+from jreg import JregObjective
 from lib.hf import llama_to_hf
+from parallel import parallelize
 from scripts import convert_hf
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
@@ -133,11 +136,12 @@ def test_sigterm_saves_a_checkpoint_and_exits(data_dir, tmp_path):
 
 
 def test_a_training_step_waits_for_the_device_once(data_dir, tmp_path, monkeypatch):
-    """Outside logging, eval and checkpoint steps, a step reads one thing back from the device: whether to apply it
-    and whether a process was asked to stop, in one .tolist(). Counted here as every call that makes a GPU's host
-    wait (a tensor's item, tolist, bool, float, int); the batches' token counts are taken on the host by numpy, before
-    the copy. (Before: 9 a step in TINY: bool(isfinite) twice, the loss's and the gradient norm's .item(), the stop
-    flag's all-reduce and .item(), and two .item() a micro-batch for the token counts.)"""
+    """A step logged every step (log_interval = 1, the default), outside eval and checkpoint steps, reads back from the
+    device once: every number it logs, whether to apply it and whether a process was asked to stop, in one .tolist().
+    Counted here as every call that makes a GPU's host wait (a tensor's item, tolist, bool, float, int); the batches'
+    token counts are taken on the host by numpy, before the copy. (Before: 9 a step in TINY: bool(isfinite) twice,
+    the loss's and the gradient norm's .item(), the stop flag's all-reduce and .item(), and two .item() a micro-batch
+    for the token counts; then 3 a step at log_interval = 1: the logged numbers read after the optimizer step.)"""
     from torch.overrides import TorchFunctionMode
     waits, real_lr_at = [], train.lr_at
 
@@ -152,7 +156,7 @@ def test_a_training_step_waits_for_the_device_once(data_dir, tmp_path, monkeypat
         return real_lr_at(step, cfg)
     monkeypatch.setattr(train, "lr_at", lr_at)
     with CountWaits():
-        run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--ckpt_interval=100", "--log_interval=100")
+        run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--ckpt_interval=100", "--log_interval=1")
     assert len(waits) == 6 and waits[:5] == [1] * 5, waits     # step 6 logs and saves
 
 
@@ -166,7 +170,8 @@ def test_validation_never_compiles(data_dir, tmp_path):
         block.compile(backend=counter)
     _, val = train.data_streams(cfg, 320, 8, train.processes())       # 8 windows: micro-batches of 3, 3 and 2
     assert [len(x) for x, _, _ in val] == [3, 3, 2]
-    out = train.validate(model, val, cfg, torch.device("cpu"), contextlib.nullcontext())
+    objective = parallelize(JregObjective(model), cfg, torch.device("cpu"))         # as train.build_model spreads it
+    out = train.validate(objective, val, cfg, torch.device("cpu"), contextlib.nullcontext())
     assert counter.frame_count == 0 and math.isfinite(out["val_loss"])
     torch._dynamo.reset()
 
@@ -192,7 +197,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_and_leaves_no_partial_f
             open(path, "wb").write(b"partial")
             raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0\nmore")
         return real_save(obj, path, *a, **k)
-    monkeypatch.setattr(R.torch, "save", full_disk)
+    monkeypatch.setattr(CK.torch, "save", full_disk)
     with pytest.raises(SystemExit) as e:
         run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--ckpt_interval=2")
     message = str(e.value.code)
@@ -200,7 +205,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_and_leaves_no_partial_f
     assert message.startswith(f"error: cannot write checkpoint {tmp_path / 'ckpt_0000004.pt'}: ") and "\n" not in message
     assert f"The last good checkpoint is {tmp_path / 'ckpt_0000002.pt'}; rerun" in message
     assert sorted(n for n in os.listdir(tmp_path) if n.startswith("ckpt_")) == ["ckpt_0000002.pt"]
-    monkeypatch.setattr(R.torch, "save", real_save)
+    monkeypatch.setattr(CK.torch, "save", real_save)
     steps, _ = run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--ckpt_interval=2")
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]                 # nothing lost or repeated
 
@@ -279,7 +284,7 @@ def test_a_checkpoint_whose_unpickling_would_run_code_is_refused_and_runs_nothin
         assert message.startswith(f"error: refused checkpoint {tmp_path / 'run' / 'ckpt_0000002.pt'}: it holds "
                                   "objects other than tensors and plain values") and "\n" not in message, message
         assert not mark.exists()
-    R.load_checkpoint(str(tmp_path / "run" / "ckpt_0000001.pt"))     # ours hold tensors and plain values only
+    CK.load_checkpoint(str(tmp_path / "run" / "ckpt_0000001.pt"))     # ours hold tensors and plain values only
 
 
 def test_nonfinite_step_is_never_applied_or_saved(data_dir, tmp_path, monkeypatch):
@@ -290,8 +295,8 @@ def test_nonfinite_step_is_never_applied_or_saved(data_dir, tmp_path, monkeypatc
     monkeypatch.setattr(train, "lr_at", lambda step, cfg: float("inf") if step == 3 else real_lr_at(step, cfg))
     with pytest.raises(SystemExit, match="non-finite parameters after step 4.*ckpt_0000003.pt"):
         run(data_dir, tmp_path, "--max_steps=6", "--eval_interval=0", "--ckpt_interval=1")
-    assert [s for s, _ in R.list_checkpoints(tmp_path)][-1] == 3
-    for _, path in R.list_checkpoints(tmp_path):
+    assert [s for s, _ in CK.list_checkpoints(tmp_path)][-1] == 3
+    for _, path in CK.list_checkpoints(tmp_path):
         assert all(torch.isfinite(v).all() for v in torch.load(path, weights_only=False)["model"].values())
     monkeypatch.setattr(train, "lr_at", real_lr_at)
     saved = open(tmp_path / "ckpt_0000003.pt", "rb").read()
@@ -335,7 +340,7 @@ def test_consecutive_bad_steps_stop_the_run_in_one_line(data_dir, tmp_path, monk
     assert text.startswith("error:") and "\n" not in text, text
     assert "at step 5 " in text and "3 in a row (max_bad_steps = 2)" in text and "ckpt_0000004.pt" in text, text
     assert "--lr=" in text and "seed" not in text, text
-    assert [s for s, _ in R.list_checkpoints(tmp_path)][-1] == 4
+    assert [s for s, _ in CK.list_checkpoints(tmp_path)][-1] == 4
     assert [r["step"] for r in read_log(tmp_path)[0]] == [1, 2]
     monkeypatch.undo()
     lr = float(text.split("--lr=")[1].split()[0].rstrip(",;)"))
@@ -351,7 +356,7 @@ def test_a_run_stopped_by_bad_steps_publishes_its_async_checkpoint(data_dir, tmp
         run(data_dir, tmp_path, "--max_steps=8", "--eval_interval=0", "--ckpt_interval=4", "--max_bad_steps=0",
             "--sharded_ckpt=True", "--async_ckpt=True")
     monkeypatch.undo()
-    assert [s for s, _ in R.list_checkpoints(tmp_path)] == [4]
+    assert [s for s, _ in CK.list_checkpoints(tmp_path)] == [4]
     assert [r["step"] for r in run(data_dir, tmp_path, "--max_steps=5", "--eval_interval=0")[0]] == [1, 2, 3, 4, 5]
 
 
@@ -360,7 +365,7 @@ def test_keep_every_keeps_its_checkpoints_for_good(data_dir, tmp_path):
     last three only, so the docs' out/170m@20000 and ζ over checkpoints had nothing to read.)"""
     run(data_dir, tmp_path, "--max_steps=5", "--eval_interval=0", "--ckpt_interval=1", "--keep_ckpts=1",
         "--keep_every=2")
-    assert [s for s, _ in R.list_checkpoints(tmp_path)] == [2, 4, 5]
+    assert [s for s, _ in CK.list_checkpoints(tmp_path)] == [2, 4, 5]
 
 
 def test_a_save_removes_what_killed_saves_left(data_dir, tmp_path):
@@ -448,6 +453,17 @@ def test_every_setting_is_checked_before_anything_is_written(data_dir, tmp_path,
     text = str(e.value.code)
     assert text.startswith("error:") and message in text and "\n" not in text, text
     assert not os.path.exists(tmp_path / "o")
+
+
+def test_settings_are_frozen_once_loaded():
+    """A loaded config is never changed: an assignment raises, and the values computed from others (device, max_steps
+    from epochs, warmup_steps from warmup_ratio) are made in one place, config.derived, as a new config."""
+    cfg = CF.load_config(TINY + ["--epochs=2", "--warmup_ratio=0.1", "--device=auto"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.lr = 0.5
+    ran = CF.derived(cfg, torch.device("cpu"), per_epoch=100)         # 100 windows an epoch, 8 sequences a step
+    assert (ran.device, ran.max_steps, ran.warmup_steps) == ("cpu", 25, 2) and cfg.device == "auto"
+    assert CF.derived(CF.load_config(TINY), "cpu", 100).max_steps == CF.Config.max_steps
 
 
 def test_none_in_a_config_file_is_only_for_the_model_shape(tmp_path):
@@ -624,7 +640,7 @@ def test_second_process_in_the_same_run_folder_is_refused(data_dir, tmp_path):
     finally:
         first.kill()                                            # kill -9: no cleanup, the lock file stays
         first.wait()
-    last = R.list_checkpoints(tmp_path)[-1][0]                # how far the first one got before its kill
+    last = CK.list_checkpoints(tmp_path)[-1][0]                # how far the first one got before its kill
     steps, _ = run(data_dir, tmp_path, f"--max_steps={last + 2}", "--ckpt_interval=2", "--eval_interval=0")
     assert [r["step"] for r in steps] == list(range(1, last + 3))
 
@@ -734,7 +750,7 @@ def test_weight_decay_spares_norms_and_embeddings_unless_asked(data_dir):
     decays, as the committed KJV runs were trained. (Before: the embedding always decayed.)"""
     def groups(*extra):
         cfg = CF.load_config(TINY + [f"--data_dir={data_dir}", "--weight_decay=0.1", *extra])
-        model, opt = train.build_model(cfg, CF.model_config(cfg), torch.device("cpu"), None)
+        model, _, opt = train.build_model(cfg, CF.model_config(cfg), torch.device("cpu"), None)
         names = {id(p): n for n, p in model.named_parameters()}
         return [(g["weight_decay"], sorted(names[id(p)] for p in g["params"])) for g in opt.param_groups], model
     (wd, decay), (wd0, rest) = groups()[0]
@@ -1169,7 +1185,7 @@ def test_the_conversion_refuses_a_folder_in_use_and_overwrite_replaces_it_whole(
     assert files() == before and not os.path.exists(tmp_path / "o")
     convert_hf.main([f"hf:{tmp_path / 'llama'}", str(tmp_path / "pre") + "/", "--tokenizer=bytes", "--overwrite"])
     assert sorted(os.listdir(tmp_path / "pre")) == ["ckpt_0000000.pt"] and not glob.glob(str(tmp_path / "pre.*"))
-    converted = R.load_checkpoint(str(tmp_path / "pre" / "ckpt_0000000.pt"))        # weights_only
+    converted = CK.load_checkpoint(str(tmp_path / "pre" / "ckpt_0000000.pt"))        # weights_only
     assert (converted["step"], converted["tokens"], converted["data_state"], converted["tokenizer_tag"]) == \
         (0, 0, {"seq_index": 0}, "bytes")
     assert converted["config"] == {"tokenizer": "bytes", "init_from": f"hf:{tmp_path / 'llama'}"}
@@ -1277,7 +1293,6 @@ def test_sharded_checkpoints_resume_exactly_and_are_read_like_files(data_dir, tm
     """sharded_ckpt (and async_ckpt): ckpt_N/ folders that resume bit for bit, from which load_run reads the same
     weights as a file checkpoint; a folder being written (.tmp) is not a checkpoint; a final one without its index is
     refused in one line."""
-    import runs
     args = ["--max_steps=4", "--eval_interval=0", "--ckpt_interval=2", "--jreg_lambda=1.0"]
     whole, _ = run(data_dir, tmp_path / "file", *args)
     run(data_dir, tmp_path / "sharded", *args[1:], "--max_steps=2", "--sharded_ckpt=True", "--async_ckpt=True")
@@ -1285,10 +1300,10 @@ def test_sharded_checkpoints_resume_exactly_and_are_read_like_files(data_dir, tm
     os.makedirs(tmp_path / "sharded" / "ckpt_0000009.tmp")                    # a save that was killed
     resumed, _ = run(data_dir, tmp_path / "sharded", *args, "--sharded_ckpt=True")
     assert [r["loss"] for r in resumed] == [r["loss"] for r in whole]
-    assert [s for s, _ in runs.list_checkpoints(tmp_path / "sharded")] == [2, 4]
+    assert [s for s, _ in CK.list_checkpoints(tmp_path / "sharded")] == [2, 4]
     run(data_dir, tmp_path / "async", *args[1:], "--max_steps=3", "--ckpt_interval=1", "--keep_ckpts=2",
         "--sharded_ckpt=True", "--async_ckpt=True")                       # the last save, published at the end
-    assert [s for s, _ in runs.list_checkpoints(tmp_path / "async")] == [2, 3]
+    assert [s for s, _ in CK.list_checkpoints(tmp_path / "async")] == [2, 3]
     a, b = commands.load_run(str(tmp_path / "file"))[0], commands.load_run(str(tmp_path / "sharded"))[0]
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     os.remove(tmp_path / "sharded" / "ckpt_0000004" / ".metadata")
