@@ -45,6 +45,7 @@ class Checkpoints:
     def __init__(self, cfg, data_id):
         self.cfg, self.data_id, self.master = cfg, data_id, int(os.environ.get("RANK", 0)) == 0
         self.pending, self.async_group = None, None       # an async sharded save in flight; the gloo group it uses
+        self.tokenizer_tag = tokenizer_tag(cfg.tokenizer)  # once: a Hugging Face tokenizer's fingerprint reads its files
 
     def save(self, step, model, optimizer, seq_index):
         """The model, optimizer, data position and identity (data_identity) of `step`. By default rank 0 writes the
@@ -62,7 +63,7 @@ class Checkpoints:
             fail(f"non-finite parameters after step {step}: nothing saved. {last_good(cfg)}, with a lower lr or "
                  "grad_clip")
         meta = {"model_config": dataclasses.asdict(model.config), "config": dataclasses.asdict(cfg),
-                "tokenizer_tag": tokenizer_tag(cfg.tokenizer), "step": step, "tokens": step * cfg.batch_tokens,
+                "tokenizer_tag": self.tokenizer_tag, "step": step, "tokens": step * cfg.batch_tokens,
                 "data_state": {"seq_index": seq_index}, "data_identity": self.data_id}
         path = os.path.join(cfg.out_dir, f"ckpt_{step:07d}" + ("" if cfg.sharded_ckpt else ".pt"))
         if cfg.sharded_ckpt:                                      # each rank's shards (DTensors under FSDP)
