@@ -193,7 +193,7 @@ def model_answer_fn(model, enc, max_new_tokens=1024, seed=0):
 
 
 def load_model(kind, path, step=None, gguf=None, device="cpu", dtype="float32", max_new_tokens=1024, seed=0):
-    """answer_fn of a run folder or a Hugging Face Llama (runs.load_llama)."""
+    """answer_fn of a run folder or a Hugging Face Llama (lib.commands.load_llama)."""
     model, enc, _ = load_llama(path if kind == "run" else None, step, path if kind == "hf" else None, gguf, device)
     return model_answer_fn(model.to(getattr(torch, dtype)), enc, max_new_tokens, seed)
 

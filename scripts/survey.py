@@ -1,7 +1,8 @@
 """
 A jump survey: several models profiled on the same text with the same number of tokens each, both h_L conventions,
 one table sorted by ζ_L. The paper's claim that the final-layer jump is common across open-weight models, and grows
-during pre-training, as one command. Loading, windows and the profile itself are runs.py's and profiles.py's.
+during pre-training, as one command. Loading, windows and the profile itself are lib/commands.py's and
+lib/profiles.py's.
 
     python -m scripts.survey --text genesis.txt --hf meta-llama/Llama-3.2-1B Qwen/Qwen2.5-0.5B google/gemma-2-2b --out s.json
     python -m scripts.survey --text genesis.txt --hf EleutherAI/pythia-160m@step1000 EleutherAI/pythia-160m@step143000 --plot p/
