@@ -1,7 +1,7 @@
 """
 The language-model loss, computed a chunk of positions at a time so that the full [B·T, vocab] logits never exist.
 
-    loss, terms = cross_entropy(model.lm_head, hidden, targets, rows=1024)
+    loss, terms = cross_entropy(model.lm_head, hidden, targets, rows)
         # == F.cross_entropy(lm_head(hidden).float().flatten(0, 1), targets.flatten(), ignore_index=-1), with
         # chunk_loss as shipped; terms: each named term's mean (detached), {"ce": ...}
 
@@ -26,7 +26,7 @@ def chunk_loss(logits, targets):
     }
 
 
-def cross_entropy(head, hidden, targets, rows=1024):
+def cross_entropy(head, hidden, targets, rows):
     """(loss, terms): the mean over targets != -1 of the total of chunk_loss(head(hidden)), computed `rows` positions at
     a time, and each term's mean (detached). As shipped it equals F.cross_entropy(head(hidden), targets,
     ignore_index=-1) (test_jreg.py holds it to that). With gradients, each chunk's are made as it is computed
