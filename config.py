@@ -33,7 +33,8 @@ class Config:
     fsdp_param_dtype: str = "float32"   # FSDP2 gathers weights in: float32 (as DDP) | bfloat16 (half the bytes)
     activation_checkpointing: bool = False   # recompute each block in the backward pass instead of storing it
     loss_chunk: int = 8192          # positions per chunk of the loss: one chunk's logits live at a time, and each
-                                    # chunk adds its head gradient into the sum (fewer chunks: fewer of those passes)
+                                    # chunk adds its head gradient into the sum (fewer chunks: fewer of those passes);
+                                    # compiled, let it divide micro_batch · seq_len: a smaller last chunk compiles again
     dist_timeout_min: int = 30      # torch.distributed timeout: ranks wait this long for rank 0's checkpoint write
     # data: token shards of prepare_fineweb.py (pre-training) or conversations of prepare_sft.py (fine-tuning, packed)
     data_dir: str = "data/fineweb_edu"   # a folder of prepare_fineweb.py or prepare_sft.py

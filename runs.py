@@ -86,7 +86,8 @@ class Run:
             shown = " ".join(f"{k} {v:.4f}" for k, v in record.items() if k not in STEP_FIELDS)
             line = (f"step {record['step']:6d} | {shown} ζ_L {record['zeta_L'] or 0:.2f} | lr {record['lr']:.2e} | "
                     f"grad {record['grad_norm']:.3f} | {record['tok_per_s']:.0f} tok/s"
-                    + (f" | mfu {100 * record['mfu']:.1f}%" if record["mfu"] else ""))
+                    + (f" | mfu {100 * record['mfu']:.1f}%" if record["mfu"] else "")
+                    + (f" | compiled {record['compile_s']:.1f} s" if record.get("compile_s") else ""))
         elif line is None and not quiet and "val_loss" in record:
             line = (f"eval {record['step']:6d} | val_loss {record['val_loss']:.4f} | ζ_L "
                     f"{(record['zeta'] or [0])[-1]:.2f} | Ψ {' '.join(f'{p:.3f}' for p in record['psi'])}")
@@ -99,7 +100,7 @@ class Run:
 
 
 # a step record's fields that its line shows in their own places; every other field is one of the step's named means
-STEP_FIELDS = ("step", "tokens", "zeta_L", "lr", "grad_norm", "tok_per_s", "mfu", "mem_gb")
+STEP_FIELDS = ("step", "tokens", "zeta_L", "lr", "grad_norm", "tok_per_s", "mfu", "mem_gb", "compile_s")
 
 
 def write_records(cfg, mcfg, data_id, step, changed, device):

@@ -28,7 +28,7 @@ from data import (
     PackedStream, ShardStream, data_identity, is_conversations, load_manifest, split_over_processes, val_windows)
 from jreg import JregObjective, Profile, jump_rate
 from model import Llama
-from parallel import parallelize, place, processes, to_device
+from parallel import compile_seconds, gather, parallelize, place, processes, to_device
 from runs import Run, peak_flops, start_weights
 
 
@@ -225,6 +225,11 @@ def main(argv):
 
     # ---- resume: the run folder locked and checked, then the model and optimizer at its newest checkpoint
     run = Run(cfg, mcfg, data_identity(cfg.data_dir), proc.rank)
+    starts = gather((run.step, run.seq_index), device)           # the first collective: one start for every process
+    if len(set(starts)) > 1:                                      # (a node-local out_dir: each node its own folder)
+        fail(f"the processes would start from different points of {cfg.out_dir}: " + ", ".join(
+             f"rank {r} step {s} (sequence {q})" for r, (s, q) in enumerate(starts)) + "; out_dir must be one folder "
+             "that every node sees (a shared file system)")
     model, objective, optimizer = build_model(cfg, mcfg, device, None if run.step else init_sd)
     del init_sd
     if run.ckpt is not None:
@@ -243,7 +248,7 @@ def main(argv):
     def batches_at(first):                           # a step's micro-batches on the device, and their token counts
         return step_batches(train_data, first, grad_accum, cfg.micro_batch, proc, device, cfg.jreg_skip_first)
     batches, counts = batches_at(seq_index)
-    bad = 0                                                     # non-finite steps in a row
+    bad, compiled_before = 0, compile_seconds()                 # non-finite steps in a row; seconds compiling
     while step < cfg.max_steps:
         t0, lr = time.time(), lr_at(step, cfg)
         for param_group in optimizer.param_groups:
@@ -265,11 +270,14 @@ def main(argv):
         step += 1
         dt = time.time() - t0
         if applied and (step % cfg.log_interval == 0 or step == cfg.max_steps):
+            compiled = compile_seconds() - compiled_before              # since the last log: the first step's compile
+            compiled_before += compiled
             run.log({"step": step, "tokens": step * cfg.batch_tokens, **means,      # loss, ce, jreg and any added
                      "zeta_L": zeta[-1] if zeta else None, "lr": lr,
                      "grad_norm": grad_norm, "tok_per_s": cfg.batch_tokens / dt,
                      "mfu": flops_per_step / dt / (peak * proc.world) if peak else None,
-                     "mem_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None})
+                     "mem_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
+                     **({"compile_s": compiled} if compiled else {})})
         if cfg.eval_interval > 0 and (step % cfg.eval_interval == 0 or step == cfg.max_steps):
             run.log({"step": step, "tokens": step * cfg.batch_tokens, **validate(objective, val_batches, cfg, device,
                                                                                   autocast)})

@@ -5,12 +5,16 @@
 # expensive compiled step, not them); every step has a time limit; a failed step is said with the end of its log and the next
 # one runs; and $OUT/summary.md is rewritten after every step, so a call killed midway keeps what finished. The steps:
 #   0. the versions (torch, CUDA, transformers, the GPUs, git and torchrun on PATH) and the free disk, printed first;
+#      the probe: every module and tool the steps need (a C compiler and Python's headers for the compiled kernels),
+#      and one tiny op compiled and run on the GPU, each missing piece one line, in seconds (the call stops there);
 #      random-token shards and the two train.py runs' configs as resolved (file + overrides); bench.py --memory's
 #      estimate of both, once;
 #   1. train.py configs/170m_jreg.py, DDP on every GPU: compile, bf16, eval, checkpoint; 20 steps;
-#   2. train.py configs/1b.py, FSDP2 on every GPU: compile, bf16, 4 micro-batches accumulated, sharded checkpoints;
-#      10 steps, then the same command to 20, which resumes from step 10 (DRY_RUN: first that command on a disk that
-#      takes 1 MB a file, which must fail at its checkpoint in one error line and leave the step-10 one to resume);
+#   2. train.py configs/1b.py, FSDP2 on every GPU: compile, bf16, 4 micro-batches accumulated, sharded checkpoints at
+#      steps 10 and 20; the step-20 one removed, the same command resumes from step 10 and redoes 11-20, whose losses
+#      must equal the first run's: exactly on a CPU, to RESUME_RTOL (5e-3) on a GPU, where flash attention's backward,
+#      cuBLAS and NCCL reductions are not deterministic (DRY_RUN: first that command on a disk that takes 1 MB a file,
+#      which must fail at its checkpoint in one error line and leave the step-10 one to resume);
 #   3. bench.py, the 170M shape on one GPU, compiled, bf16: training steps λ = 0 vs λ = 1 interleaved (the JREG
 #      overhead), tok/s and MFU. No λ = 0 train.py run: this step measures the overhead, for a cold compile fewer;
 #   4. bench.py --memory_probe, 170M: peak memory beside the estimate, the full-logits loss vs the chunked one;
@@ -27,8 +31,11 @@
 # Time: BUDGET_S (default 540 s) for the whole, STEP_S (default 240 s) a step; a step with under 60 s left is skipped.
 # Files: $OUT/summary.md (the table), $OUT/gpu_check.log (every step's output as it comes), $OUT/steps/NAME.txt (one
 # step's output), $OUT/runs/NAME.jsonl (a train.py run's log.jsonl), $OUT/configs/ (the resolved configs),
-# $OUT/estimate.txt. $WORK holds the shards and the run folders; each run folder (checkpoints: tens of GB on the GPU
-# sizes; only the newest is kept) is removed when its step is done. Exit status: 0 when every step ran and passed.
+# $OUT/estimate.txt. $WORK holds the shards, the run folders and the compile caches (TORCHINDUCTOR_CACHE_DIR,
+# TRITON_CACHE_DIR: kept between the steps and the calls, so only the first compile of a graph is cold); each run
+# folder (checkpoints: tens of GB on the GPU sizes; the 170M run keeps the newest, the 1B run two) is removed when its
+# step is done. A train.py run's first step says how long it compiled (compile_s), in its log and the summary's notes.
+# Exit status: 0 when every step ran and passed.
 set -uo pipefail
 # The defaults lie in the repository's out/, which git ignores and no other user of the machine shares; OUT and WORK
 # given relative are taken from where the script was called, so they are resolved before the cd.
@@ -43,7 +50,8 @@ done
 DRY_RUN=${DRY_RUN:-0}; HF=${HF:-0}
 END=$((SECONDS + ${BUDGET_S:-540}))
 export PYTHONUNBUFFERED=1                            # a step killed at its limit keeps what it printed
-export DRY_RUN
+export DRY_RUN HF
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$WORK/inductor_cache} TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$WORK/triton_cache}
 
 # The python that has torch: the lent machine's image may have it under python or python3 only.
 PY=""
@@ -116,8 +124,8 @@ T170=(configs/170m_jreg.py "${COMMON[@]}" --out_dir="$WORK/170m_jreg" --micro_ba
       --ckpt_interval="$STEPS_170"
       "${TRAIN_MODE[@]}")                                                # 2 micro-batches per process a step
 T1B=(configs/1b.py "${COMMON[@]}" --fsdp=True --sharded_ckpt=True --out_dir="$WORK/1b" --micro_batch="$MB_1B"
-     --batch_tokens=$((4 * MB_1B * SEQ * NPROC)) --eval_interval=0 --ckpt_interval="$STEPS_1B"
-     "${TRAIN_MODE[@]}")                                # 4 accumulated; --max_steps=STEPS_1B, then twice that
+     --batch_tokens=$((4 * MB_1B * SEQ * NPROC)) --eval_interval=0 --ckpt_interval="$STEPS_1B" --keep_ckpts=2
+     --max_steps=$((2 * STEPS_1B)) "${TRAIN_MODE[@]}")  # 4 accumulated; checkpoints at STEPS_1B and twice that
 
 FAILED=0
 run() {  # run NAME COMMAND...: under the time limit; output to $OUT/steps/NAME.txt and the log; exit in steps.tsv;
@@ -167,6 +175,8 @@ def train_row(step, run, config, first):
     cfg = json.loads(text(f"configs/{run}.json"))
     recs = [json.loads(l) for l in text(f"runs/{step}.jsonl").splitlines() if '"tok_per_s"' in l]
     recs = [r for r in recs if r["step"] > first]
+    compiled = sum(r.get("compile_s") or 0 for r in recs)          # the first step's compile (train.py logs it)
+    same = re.search(r"worst relative difference: (loss \S+, grad_norm \S+)", text("steps/resume_matches_1b.txt"))
     how = (f"{'FSDP2' if cfg['fsdp'] else 'DDP'} x{nproc}, {'compiled' if cfg['compile'] else 'eager'}, "
            f"{'fp32' if cfg['dtype'] == 'float32' else 'bf16'}, {cfg['micro_batch']}x{cfg['seq_len']} x "
            f"{cfg['batch_tokens'] // (cfg['micro_batch'] * cfg['seq_len'] * nproc)} accum")
@@ -179,7 +189,9 @@ def train_row(step, run, config, first):
     rows.append((step, config, how, f"{statistics.median(r['tok_per_s'] for r in later):,.0f}",
                  f"{100 * statistics.median(mfu):.1f}%" if mfu else "n/a", gib(max(mem) * 1e9) if mem else "n/a",
                  estimate(run), "", f"steps {recs[0]['step']}-{recs[-1]['step']}, median of {later[0]['step']}-"
-                 f"{later[-1]['step']}" + (f"; resumed at step {resumed[2]}" if resumed else "")))
+                 f"{later[-1]['step']}" + (f"; compiled {compiled:.0f} s" if compiled else "")
+                 + (f"; resumed at step {resumed[2]}" if resumed else "")
+                 + (f"; vs train_1b: {same[1]}" if resumed and same else "")))
 
 for step, run, first in (("train_170m_jreg", "170m_jreg", 0), ("train_1b", "1b", 0),
                          ("train_1b_resume", "1b", resumed_at)):
@@ -233,6 +245,7 @@ lines = ["# gpu_check.sh summary" + (" (DRY_RUN=1: CPU, gloo, tiny sizes)" if dr
          "|---|---|---|---|---|---|---|---|---|"]
 lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
 lines += ["", "tok/s: median over the logged steps after the first (compiling) ones, all processes together; "
+          "compiled: the seconds torch.compile took, in the first step (train.py's compile_s); "
           "peak: max_memory_allocated (n/a on CPU; the probes: torch.profiler); estimate: bench.py --memory "
           "(train.py) or the probe's own.", "", "| step | exit | seconds |", "|---|---|---|"]
 lines += [f"| {name} | {rc} | {sec} |" for name, (rc, sec) in status.items()]
@@ -241,7 +254,39 @@ os.replace(os.path.join(out, "summary.md.tmp"), os.path.join(out, "summary.md"))
 PY
 }
 
-# ---- step 0: random-token shards, the runs' configs as resolved, and their estimates: once for the whole call
+# ---- step 0: the probe (seconds: a missing piece stops the call here, not minutes into a step), then random-token
+# shards, the runs' configs as resolved, and their estimates: once for the whole call
+run probe "$PY" - <<'PY' || { say "the probe failed: fix the lines above and rerun"; summary; exit 1; }
+import importlib, os, shutil, sys, sysconfig, time
+dry, hf = os.environ.get("DRY_RUN") == "1", os.environ.get("HF") == "1"
+need = {"train": "train.py", "scripts.bench": "bench.py (steps 3-6)", "lib.preparation": "the shards (step 0)",
+        "torch.distributed.run": "torchrun (steps 1, 2)", "torch.distributed.checkpoint": "sharded checkpoints (2)",
+        "torch.distributed.fsdp": "FSDP2 (step 2)", **({"transformers": "HF=1 (step 3)"} if hf else {})}
+missing = []
+for module, why in need.items():
+    try:
+        importlib.import_module(module)
+    except Exception as e:
+        missing.append(f"import {module} ({why}): {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+cc = os.environ.get("CC") or next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
+if not cc or not shutil.which(cc):
+    missing.append("no C compiler (cc, gcc or clang on PATH, or CC): torch.compile builds its kernels with one")
+if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+    missing.append(f"no Python.h in {sysconfig.get_paths()['include']}: the compiled kernels need Python's headers "
+                   "(the python3-dev package)")
+import torch
+device, t0 = "cpu" if dry else "cuda", time.time()
+try:
+    y = torch.compile(lambda x: torch.sin(x) * 2 + 1)(torch.ones(256, device=device))
+    compiled = f"one tiny op compiled and run on {device} in {time.time() - t0:.1f} s ({float(y[0]):.4f})"
+except Exception as e:
+    missing.append(f"torch.compile of one tiny op on {device}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+for line in missing:
+    print(f"error: {line}")
+if missing:
+    sys.exit(1)
+print(f"probe: every module and tool the steps need is here; {compiled}")
+PY
 run prepare "$PY" - "$DATA_DIR" "${DATA[@]}" "$OUT/configs" "${T170[@]}" :: "${T1B[@]}" \
     --max_steps=$((2 * STEPS_1B)) <<'PY'
 import dataclasses, json, os, sys, numpy as np
@@ -275,16 +320,35 @@ for step in $STEPS; do
        run train_170m_jreg "${DIST[@]}" train.py "${T170[@]}"
        done_with 170m_jreg train_170m_jreg ;;
     2) rm -rf "${WORK:?}/1b"
-       run train_1b "${DIST[@]}" train.py "${T1B[@]}" --max_steps="$STEPS_1B"
+       run train_1b "${DIST[@]}" train.py "${T1B[@]}"
        cp "$WORK/1b/log.jsonl" "$OUT/runs/train_1b.jsonl" 2> /dev/null
+       rm -rf "$WORK/1b/$(printf 'ckpt_%07d' $((2 * STEPS_1B)))"      # the resume starts from the one at STEPS_1B
        if [ "$DRY_RUN" = 1 ]; then   # a full disk at the checkpoint: exit 1, one error line, the step-3 one kept
          EXPECT=1 run full_disk_1b bash -c 'ulimit -f 1024; exec "$@"' _ "${DIST[@]}" train.py "${T1B[@]}" \
-           --max_steps=$((2 * STEPS_1B)) && { grep -q "^error: cannot write checkpoint .*GiB free in" \
+           && { grep -q "^error: cannot write checkpoint .*GiB free in" \
            "$OUT/steps/full_disk_1b.txt" || { say "full_disk_1b: no error line"; FAILED=1; }; }
        fi
        # a resume needs a whole checkpoint (not a half-written ckpt_*.tmp), else it would start afresh
        if ls "$WORK/1b" 2> /dev/null | grep -qE '^ckpt_[0-9]+(\.pt)?$'; then
-         run train_1b_resume "${DIST[@]}" train.py "${T1B[@]}" --max_steps=$((2 * STEPS_1B))
+         run train_1b_resume "${DIST[@]}" train.py "${T1B[@]}"
+         # exact resume: the same data position and state; the numbers equal up to the kernels' nondeterminism
+         run resume_matches_1b "$PY" - "$OUT/runs/train_1b.jsonl" "$WORK/1b/log.jsonl" "$STEPS_1B" <<'PY'
+import json, os, sys
+first, resumed, at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+dry = os.environ.get("DRY_RUN") == "1"
+tol = 1e-6 if dry else float(os.environ.get("RESUME_RTOL", "5e-3"))
+steps = lambda path: {r["step"]: r for r in map(json.loads, open(path)) if "loss" in r and r["step"] > at}
+a, b = steps(first), steps(resumed)
+common = sorted(a.keys() & b.keys())
+if not common:
+    sys.exit(f"error: no step after {at} in both {first} and {resumed}")
+worst = {k: max(abs(a[s][k] - b[s][k]) / abs(a[s][k]) for s in common) for k in ("loss", "grad_norm")}
+print(f"steps {common[0]}-{common[-1]} redone after the resume from step {at}: worst relative difference: loss "
+      f"{worst['loss']:.1e}, grad_norm {worst['grad_norm']:.1e} (tolerance {tol:g}: "
+      + ("a CPU's kernels are deterministic)" if dry else "flash attention's backward, cuBLAS and NCCL are not "
+         "deterministic on a GPU; RESUME_RTOL sets it)"))
+sys.exit(1 if max(worst.values()) > tol else 0)
+PY
        else
          say "train_1b_resume: skipped (train_1b left no checkpoint)"
          printf 'train_1b_resume\tskipped\t0\n' >> "$OUT/steps.tsv"; FAILED=1

@@ -142,6 +142,29 @@ def test_ddp_keeps_its_buffers_and_uses_large_buckets(one_process_group):
     ddp = parallel.wrap_ddp(torch.nn.Linear(4, 4), torch.device("cpu"))
     assert getattr(ddp, "forward_sync_buffers", ddp.broadcast_buffers) is False    # its name since torch 2.13
     assert ddp.bucket_bytes_cap == 100 * 2 ** 20
+    assert ddp.gradient_as_bucket_view                      # no second copy of every gradient
+
+
+def test_processes_that_would_start_from_different_checkpoints_refuse_in_one_line(data_dir, tmp_path):
+    """A node-local out_dir: each rank lists its own folder, rank 0 finds a step-2 checkpoint, rank 1 none. Every rank
+    stops with one line naming what each would resume from, before the first collective of training, and nothing is
+    written. (Before: rank 0 resumed at step 2 and rank 1 started afresh; DDP broadcast rank 0's weights, rank 0 ran out
+    of steps first and rank 1 waited for it in an all-reduce: a hang or a gloo error, minutes later on a cluster.)"""
+    run(data_dir, tmp_path / "node0", "--max_steps=2", "--eval_interval=0")      # rank 0's folder: a step-2 checkpoint
+    log_before = (tmp_path / "node0" / "log.jsonl").read_text()
+    (tmp_path / "node_local.py").write_text(f'out_dir = "{tmp_path}/node" + __import__("os").environ["RANK"]\n')
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.join(HERE, "train.py"), str(tmp_path / "node_local.py"), *TINY, f"--data_dir={data_dir}",
+           "--max_steps=4", "--eval_interval=0"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, timeout=120, env={**os.environ,
+                       "OMP_NUM_THREADS": "1"})
+    errors = {line for line in (r.stdout + r.stderr).splitlines() if line.startswith("error: ")}
+    assert r.returncode != 0 and errors == {
+        f"error: the processes would start from different points of {tmp_path}/node0: rank 0 step 2 (sequence 16), "
+        "rank 1 step 0 (sequence 0); out_dir must be one folder that every node sees (a shared file system)",
+        f"error: the processes would start from different points of {tmp_path}/node1: rank 0 step 2 (sequence 16), "
+        "rank 1 step 0 (sequence 0); out_dir must be one folder that every node sees (a shared file system)"}, errors
+    assert (tmp_path / "node0" / "log.jsonl").read_text() == log_before and not (tmp_path / "node1").exists()
 
 
 def test_fsdp_groups_the_root_as_torchtitan_and_gathers_in_the_chosen_dtype(one_process_group):

@@ -9,8 +9,10 @@ import sys
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
 SCRIPT = os.path.join(HERE, "scripts", "gpu_check.sh")
-STEPS = ["prepare", "estimate", "probe_3.4b", "loss_chunks_170m", "train_170m_jreg", "train_1b", "full_disk_1b",
-         "train_1b_resume", "bench_170m", "probe_170m"]     # the cheap eager probes first; a full disk at the 1B run's checkpoint (dry run)
+STEPS = ["probe", "prepare", "estimate", "probe_3.4b", "loss_chunks_170m", "train_170m_jreg", "train_1b", "full_disk_1b",
+         "train_1b_resume", "resume_matches_1b", "bench_170m", "probe_170m"]
+# the environment probe first, then the cheap eager probes; a full disk at the 1B run's checkpoint (dry run); the
+# resumed steps compared with the first run's
 PROBE_ROWS = [f"{p} {v}" for p in ("probe_170m", "probe_3.4b")
               for v in ("full logits", "chunked loss", "chunked + checkpointing")]
 NUMBER = re.compile(r"^[\d,]+(\.\d+)?$")
@@ -92,6 +94,12 @@ def test_dry_run_runs_every_step_resumes_and_summarizes(tmp_path):
     assert re.search(r"resuming from \S+/ckpt_0*3 at step 3", resume), resume[-2000:]
     assert "resumed at step 3" in rows["train_1b_resume"]["notes"]
     assert rows["train_1b_resume"]["notes"].startswith("steps 4-6")
+    assert "vs train_1b: loss 0.0e+00, grad_norm 0.0e+00" in rows["train_1b_resume"]["notes"]   # exact on a CPU
+    assert (out / "steps" / "resume_matches_1b.txt").read_text().startswith(
+        "steps 4-6 redone after the resume from step 3: worst relative difference: loss 0.0e+00, grad_norm 0.0e+00")
+    probe = (out / "steps" / "probe.txt").read_text()
+    assert re.match(r"probe: every module and tool the steps need is here; one tiny op compiled and run on cpu", probe)
+    assert rows["train_1b"]["notes"].startswith("steps 1-6")
     assert "--keep_ckpts=1" in log and "--sharded_ckpt=True" in log and "torch.distributed.run" in log
     assert "--no_hf" in log                                           # no transformers comparison unless HF=1
 
@@ -101,6 +109,24 @@ def test_dry_run_runs_every_step_resumes_and_summarizes(tmp_path):
     assert not (work / "170m_jreg").exists() and not (work / "1b").exists()
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["train_170m_jreg.jsonl", "train_1b.jsonl",
                                                                 "train_1b_resume.jsonl"]
+
+
+def test_the_probe_names_each_missing_piece_in_one_line_in_seconds(tmp_path):
+    """Step 0 imports every module the steps need and compiles one tiny op, before anything else: transformers missing
+    (HF=1 needs it) is one line and the call stops, seconds in; tiktoken missing is not a problem (shards name their
+    tokenizer; nothing the steps run loads it). (Before: train.py and bench.py needed tiktoken through data.py, and a
+    missing compiler showed only at the first compiled step, minutes in.)"""
+    hidden = tmp_path / "hidden"
+    for name in ("tiktoken", "tiktoken_ext", "transformers"):
+        (hidden / name).mkdir(parents=True)
+        (hidden / name / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named '{name}'\")\n")
+    done = gpu_check(tmp_path, timeout=300, DRY_RUN="1", HF="1", PYTHONPATH=str(hidden))
+    probe = (tmp_path / "out" / "steps" / "probe.txt").read_text()
+    errors = [line for line in probe.splitlines() if line.startswith("error:")]
+    assert done.returncode == 1 and errors == [
+        "error: import transformers (HF=1 (step 3)): ModuleNotFoundError: No module named 'transformers'"], probe
+    steps = [line.split("\t")[0] for line in (tmp_path / "out" / "steps.tsv").read_text().splitlines()]
+    assert steps == ["probe"] and "the probe failed" in done.stdout
 
 
 def stub(folder, name, body="#!/bin/sh\nexit 1\n"):

@@ -160,6 +160,35 @@ def test_a_training_step_waits_for_the_device_once(data_dir, tmp_path, monkeypat
     assert len(waits) == 6 and waits[:5] == [1] * 5, waits     # step 6 logs and saves
 
 
+def test_training_on_token_shards_needs_no_tokenizer_library(data_dir, tmp_path):
+    """tiktoken is imported where a tokenizer is loaded, never by training on shards (whose header names their
+    tokenizer) nor by scripts/bench.py: a CUDA image without it trains. Here it cannot be imported at all. (Before:
+    data.py imported tiktoken at its top, so train.py and bench.py stopped with ModuleNotFoundError.)"""
+    code = ("import runpy, sys; sys.modules['tiktoken'] = sys.modules['tiktoken_ext'] = None; "
+            "sys.argv = ['train.py', *sys.argv[1:]]; runpy.run_path('train.py', run_name='__main__'); "
+            "import scripts.bench; print('trained, tiktoken', sys.modules['tiktoken'])")
+    r = subprocess.run([sys.executable, "-c", code, *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}",
+                        "--max_steps=2", "--eval_interval=2"], capture_output=True, text=True, cwd=HERE, timeout=300)
+    assert r.returncode == 0 and "trained, tiktoken None" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert [rec["step"] for rec in read_log(tmp_path)[0]] == [1, 2]
+
+
+def test_compile_time_is_logged_apart_from_step_time(data_dir, tmp_path, monkeypatch, capsys):
+    """The seconds torch.compile took (parallel.compile_seconds, read from torch's own count) are logged with the step
+    that spent them, as compile_s in log.jsonl and "compiled N s" in its line, so a slow first step reads as
+    compilation, not throughput; a step that compiled nothing has no compile_s. (Before: nothing said it.)"""
+    import parallel
+    before = parallel.compile_seconds()
+    torch.compile(lambda x: x * 2 + 1)(torch.ones(4))                  # a real compile: torch counts its seconds
+    assert parallel.compile_seconds() > before
+    clock = iter([0.0, 12.5, 12.5, 12.5])                              # read at the start, then at each logged step
+    monkeypatch.setattr(train, "compile_seconds", lambda: next(clock))
+    steps, _ = run(data_dir, tmp_path, "--max_steps=3", "--eval_interval=0")
+    assert [r.get("compile_s") for r in steps] == [12.5, None, None]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert lines[0].endswith("| compiled 12.5 s") and "compiled" not in lines[1] + lines[2]
+
+
 def test_validation_never_compiles(data_dir, tmp_path):
     """Validation runs eager even where the blocks are compiled in place (FSDP's placement): nothing is compiled for
     no-grad mode or for the last, ragged micro-batch. (Before: both recompiled the blocks.)"""
