@@ -186,6 +186,16 @@ def validate(objective, val_batches, cfg, device, autocast):
     return {"val_loss": p["loss"], "psi": p[key], "zeta": p[key.replace("psi", "zeta")]}
 
 
+def same_start(cfg, run, device):
+    """Every process starts from the same step and data position, or none does: each lists out_dir itself, and a
+    node-local out_dir (each node its own folder) would otherwise resume some ranks and start others afresh (a hang)."""
+    starts = gather((run.step, run.seq_index), device)
+    if len(set(starts)) > 1:
+        fail(f"the processes would start from different points of {cfg.out_dir}: " + ", ".join(
+             f"rank {r} step {s} (sequence {q})" for r, (s, q) in enumerate(starts)) + "; out_dir must be one folder "
+             "that every node sees (a shared file system)")
+
+
 def skipped(run, saver, cfg, step, bad, seq_index, loss, grad_norm, lr):
     """A step not applied (a non-finite loss or gradient norm): nothing of it was applied and the data moves on past its
     batch (sequences seq_index on). It is logged; the bad-th in a row beyond max_bad_steps ends the run, naming the
@@ -225,11 +235,7 @@ def main(argv):
 
     # ---- resume: the run folder locked and checked, then the model and optimizer at its newest checkpoint
     run = Run(cfg, mcfg, data_identity(cfg.data_dir), proc.rank)
-    starts = gather((run.step, run.seq_index), device)           # the first collective: one start for every process
-    if len(set(starts)) > 1:                                      # (a node-local out_dir: each node its own folder)
-        fail(f"the processes would start from different points of {cfg.out_dir}: " + ", ".join(
-             f"rank {r} step {s} (sequence {q})" for r, (s, q) in enumerate(starts)) + "; out_dir must be one folder "
-             "that every node sees (a shared file system)")
+    same_start(cfg, run, device)                                  # the first collective: every process agrees
     model, objective, optimizer = build_model(cfg, mcfg, device, None if run.step else init_sd)
     del init_sd
     if run.ckpt is not None:
