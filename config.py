@@ -70,6 +70,9 @@ class Config:
     jreg_weighting: str = "index"   # index: softmax(α·l) | depth: softmax(α·l/L) | uniform | last
     jreg_final_norm: bool = False   # h_L = raw residual stream (False) or after the final RMSNorm (True, HF's view)
     jreg_skip_first: bool = False   # leave position 0 out of Ψ
+    # another loss term for the last layers (the model's methods are shape settings: model.LlamaConfig)
+    early_exit: float = 0.0         # early-exit loss (LayerSkip, arXiv 2404.16710): + w · mean over ℓ < L of
+                                    # CE(head(N(h_ℓ)), y), the logit lens trained; 0: off
     # logging, evaluation, checkpoints
     log_interval: int = 1           # steps between log.jsonl records
     eval_interval: int = 1000       # 0: no periodic evaluation
@@ -207,6 +210,7 @@ def check_config(cfg):
     for key in ("beta1", "beta2"):
         need(0 <= getattr(cfg, key) < 1, key, "must be in [0, 1) (AdamW's)")
     need(cfg.dist_timeout_min <= 10 ** 9, "dist_timeout_min", "must be at most 10**9")
+    need(cfg.early_exit >= 0, "early_exit", "is a weight: 0 (off) or more")
     need(cfg.seq_len >= 2 or not cfg.jreg_skip_first, "jreg_skip_first", "leaves Ψ no token of a 1-token window: "
          "use seq_len >= 2 or jreg_skip_first=False")
     need(cfg.model in PRESETS, "model", f"choose one of {sorted(PRESETS)}")
@@ -244,8 +248,8 @@ def model_config(cfg, weights=None):
     cfg.shape over it, and max_seq_len at least seq_len; a size not > 0 or a shape LlamaConfig refuses is one error
     line."""
     base = PRESETS[cfg.model] if weights is None else weights
-    for key, value in cfg.shape.items():
-        if type(value) is not bool and not value > 0:
+    for key, value in cfg.shape.items():                          # a size; a method's 0 is off
+        if type(value) is not bool and getattr(LlamaConfig, key) > 0 and not value > 0:
             fail(f"config key {key!r} = {value}: must be > 0")
     try:
         return dataclasses.replace(base, **cfg.shape, max_seq_len=max(cfg.seq_len, base.max_seq_len))

@@ -45,6 +45,11 @@ class LlamaConfig:
     norm_eps: float = 1e-5         # RMSNorm epsilon
     tie_embeddings: bool = False   # share the embedding and the head
     init_std: float = 0.02         # std of the initial weights
+    # other fixes for the last layers (docs/methods.md), each off by default: off is today's model to the last bit
+    layernorm_scaling: bool = False  # LayerNorm Scaling: block ℓ's pre-norm outputs × 1/√ℓ (arXiv 2502.05795)
+    mix_ln: float = 0.0            # Mix-LN: the first ⌊mix_ln · L⌋ blocks Post-LN (arXiv 2412.13795 uses 0.25)
+    peri_ln: bool = False          # Peri-LN: a norm on each sublayer's output too, y = x + N(F(N(x))) (2502.02732)
+    backout_layer: int = 0         # Backout: the head reads N(h_L − λ·h_k), k this layer, λ learned from 0.5 (0: off)
 
     @property
     def head_dim(self):
@@ -54,6 +59,8 @@ class LlamaConfig:
         assert self.d_model % self.n_head == 0, "d_model must be divisible by n_head"
         assert self.n_head % self.n_kv_head == 0, "n_head must be a multiple of n_kv_head"
         assert self.head_dim % 2 == 0, "RoPE needs an even head dimension"
+        assert 0 <= self.mix_ln <= 1, "mix_ln is a fraction of the layers, 0 to 1"
+        assert 0 <= self.backout_layer < self.n_layer, "backout_layer is a block 1..L-1 (0: off)"
 
 
 # The paper's sizes (its layers and widths; heads, FFN widths and the 3.4B shape are our choices) and small CPU sizes.
@@ -156,16 +163,31 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, layer=0):
+        """layer: this block's index, 0-based (ℓ = layer + 1)."""
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
+        self.scale = 1 / math.sqrt(layer + 1) if cfg.layernorm_scaling else 1.0   # a float: meta init cannot wipe it
+        self.post_ln = layer < int(cfg.mix_ln * cfg.n_layer)                       # Mix-LN's first blocks
+        peri = cfg.peri_ln and not self.post_ln                                    # Peri-LN's output norms
+        self.attn_out_norm = RMSNorm(cfg.d_model, cfg.norm_eps) if peri else None
+        self.mlp_out_norm = RMSNorm(cfg.d_model, cfg.norm_eps) if peri else None
 
     def forward(self, x, cos, sin, cache=None, layer=0):
-        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer)
-        return x + self.mlp(self.mlp_norm(x))
+        if self.post_ln:                                        # h = N(x + Attn(x)), y = N(h + MLP(h))
+            x = self.attn_norm(x + self.attn(x, cos, sin, cache, layer))
+            return self.mlp_norm(x + self.mlp(x))
+        x = x + self.out(self.attn_out_norm, self.attn(self.pre(self.attn_norm, x), cos, sin, cache, layer))
+        return x + self.out(self.mlp_out_norm, self.mlp(self.pre(self.mlp_norm, x)))
+
+    def pre(self, norm, x):                                     # the sublayer's input: N(x), × 1/√ℓ with LNS
+        return norm(x) if self.scale == 1.0 else norm(x) * self.scale
+
+    def out(self, norm, y):                                     # the sublayer's output: N(y) with Peri-LN
+        return y if norm is None else norm(y)
 
 
 class LlamaOutput(NamedTuple):
@@ -184,7 +206,9 @@ class Llama(nn.Module):
         super().__init__()
         self.config, self.activation_checkpointing = cfg, activation_checkpointing
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
+        self.layers = nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layer)])
+        if cfg.backout_layer:
+            self.backout_lambda = nn.Parameter(torch.full((1,), 0.5))     # 1-D: FSDP shards no scalar
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.loss, self.loss_chunk = cross_entropy, loss_chunk        # loss.py (under FSDP parallel.py compiles it)
@@ -200,6 +224,8 @@ class Llama(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("bias"):                            # none in a Llama; an ablation's start at 0
                 nn.init.zeros_(p)
+            elif name == "backout_lambda":                       # Backout's λ
+                nn.init.constant_(p, 0.5)
             elif p.dim() == 1:                                   # RMSNorm gains (a LayerNorm's too)
                 nn.init.ones_(p)
             elif name.endswith(("o_proj.weight", "down_proj.weight")):
@@ -222,6 +248,8 @@ class Llama(nn.Module):
         for i, block in enumerate(self.layers):
             x = checkpoint(block, x, cos, sin, use_reentrant=False) if recompute else block(x, cos, sin, cache, i)
             hidden_states.append(x)
+        if self.config.backout_layer:                            # Backout: h_L − λ·h_k into the final norm
+            x = x - self.backout_lambda * hidden_states[self.config.backout_layer]
         final_hidden = self.norm(x)
         if cache is not None:
             cache.len += T

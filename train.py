@@ -102,7 +102,7 @@ def build_model(cfg, mcfg, device, init_sd):
     # the penalty's settings, all here: w_l = layer_weights(L, α, weighting), h_L's convention, position 0; λ below
     objective = JregObjective(model, alpha=cfg.jreg_alpha, weighting=cfg.jreg_weighting,
                               final_norm=cfg.jreg_final_norm, skip_first=cfg.jreg_skip_first,
-                              penalize=cfg.jreg_lambda > 0).to(device)
+                              penalize=cfg.jreg_lambda > 0, early_exit=cfg.early_exit).to(device)
     objective = parallelize(objective, cfg, device)
     decay, no_decay = [], []
     for p in model.parameters():

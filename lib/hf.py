@@ -67,10 +67,19 @@ def llama_from_hf(hf_model):
     return model.to(dtype)
 
 
+# the methods of model.LlamaConfig that a Llama cannot compute (LayerNorm Scaling folds into the norm gains)
+NOT_A_LLAMA = {"mix_ln": "Post-LN blocks", "peri_ln": "norms on the sublayers' outputs",
+               "backout_layer": "the head reading h_L − λ·h_k"}
+
+
 def llama_to_hf(model):
-    """An equivalent transformers LlamaForCausalLM (fp32 unless our model is in another dtype)."""
+    """An equivalent transformers LlamaForCausalLM (fp32 unless our model is in another dtype). LayerNorm Scaling is a
+    reparametrisation (N(x)·w/√ℓ = N(x)·(w/√ℓ)): folded into the norm gains; a method no Llama computes is one line."""
     from transformers import LlamaConfig as HFConfig, LlamaForCausalLM
     cfg = model.config
+    if on := [f"{key} = {getattr(cfg, key)!r} ({what})" for key, what in NOT_A_LLAMA.items() if getattr(cfg, key)]:
+        raise SystemExit(f"error: the model has {', '.join(on)}: a Hugging Face Llama cannot compute it; nothing "
+                         "written (evaluate.py, chat.py and survey.py read the run folder itself)")
     hf_cfg = HFConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_hidden,
         num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head,
@@ -78,7 +87,10 @@ def llama_to_hf(model):
         tie_word_embeddings=cfg.tie_embeddings, initializer_range=cfg.init_std,
         attention_bias=False, mlp_bias=False, hidden_act="silu")
     hf = LlamaForCausalLM(hf_cfg).to(next(model.parameters()).dtype)
-    sd = model.state_dict()
+    sd = dict(model.state_dict())
+    for i, block in enumerate(model.layers):                    # LayerNorm Scaling's 1/√ℓ (1 without it)
+        for norm in ("attn_norm", "mlp_norm"):
+            sd[f"layers.{i}.{norm}.weight"] = sd[f"layers.{i}.{norm}.weight"] * block.scale
     hf_sd = {theirs: sd[ours] for ours, theirs in hf_names(cfg.n_layer).items()}
     missing, unexpected = hf.load_state_dict(hf_sd, strict=False)
     assert not unexpected and all("rotary" in k or "inv_freq" in k for k in missing), (missing, unexpected)

@@ -1,0 +1,5 @@
+# 1B with Peri-LN (arXiv 2502.02732): a norm on each sublayer's output too: one of the methods compared with JREG
+# (docs/methods.md). Off in every other config.
+include("1b.py")             # the baseline's settings
+out_dir = "out/1b_periln"
+peri_ln = True

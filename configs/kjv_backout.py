@@ -1,0 +1,6 @@
+# The small CPU reproduction with Backout (modded-nanogpt, 2025-10-04 record): the head reads N(h_L - lambda * h_k), k
+# = L/2 (our choice), lambda learned from 0.5: one of the methods compared with JREG (docs/methods.md). Off in every
+# other config.
+include("kjv.py")             # the baseline's settings
+out_dir = "out/kjv/backout"
+backout_layer = 4

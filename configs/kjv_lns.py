@@ -1,0 +1,5 @@
+# The small CPU reproduction with LayerNorm Scaling (arXiv 2502.05795): block l's pre-norm outputs scaled by
+# 1/sqrt(l): one of the methods compared with JREG (docs/methods.md). Off in every other config.
+include("kjv.py")             # the baseline's settings
+out_dir = "out/kjv/lns"
+layernorm_scaling = True
