@@ -2,7 +2,7 @@
 the plain pre-norm Llama to the last bit; on, each matches its paper's formula written here in a few lines of its
 own (its own RMSNorm, the blocks' weights); every path takes them (KV-cached generation, export or its refusal, DDP and
 FSDP on two processes, resume, evaluate.py's profile)."""
-import dataclasses
+import json
 import math
 import os
 import subprocess
@@ -176,3 +176,38 @@ def test_every_method_on_two_processes_matches_one_and_resumes(data_dir, tmp_pat
         done = subprocess.run([sys.executable, "evaluate.py", str(tmp_path / "one"), "--profile", "--out", str(out)],
                               capture_output=True, text=True, cwd=HERE, timeout=300)
         assert done.returncode == 0 and out.exists(), done.stderr[-2000:]
+
+
+def test_the_comparisons_p_values_intervals_and_holm(tmp_path, monkeypatch):
+    """The study's table (results/methods/numbers_methods.py): the paired t test's two-sided p at the 95% points of the
+    t distribution is 0.05; Holm's adjustment by hand; on synthetic runs a clear difference survives the correction, a
+    noisy one does not, and runs of another machine are left out and counted."""
+    sys.path.insert(0, os.path.join(HERE, "results", "methods"))
+    import numbers_methods as N
+    for df, t in ((4, 2.7764451), (1, 12.706205), (9, 2.2621572)):
+        n = df + 1
+        diff = [t / math.sqrt(n) + e for e in ([1, -1] * n)[:n]]        # mean t/√n, made to sd 1 below
+        m, sd = sum(diff) / n, math.sqrt(sum((d - sum(diff) / n) ** 2 for d in diff) / df)
+        diff = [(d - m) / sd + t / math.sqrt(n) for d in diff]
+        assert N.t_p(diff) == pytest.approx(0.05, abs=1e-5), df
+    assert N.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    monkeypatch.setattr(N, "HERE", str(tmp_path))
+
+    def write(condition, seed, zeta, cpu="X"):
+        profile = {"loss": 1.0 + 0.01 * seed, "zeta": [0.0, zeta], "psi": [0.1, 0.2, 0.3], "logit_lens_loss": [3] * 6,
+                   "skip_block_loss_increase": [0.1, 0.2]}
+        (runs / f"{condition}_{cpu}_seed{seed}.json").write_text(json.dumps(
+            {"condition": condition, "seed": seed, "machine": {"cpu": cpu, "commit": "c"}, "profile": profile,
+             "seconds_per_step": 1.0}))
+    for s in range(5):
+        write("base", s, 3.0 + 0.1 * s)
+        write("lns", s, 0.1 * s)                                      # ζ_L 3 lower, every seed
+        write("periln", s, 3.0 + 0.1 * s + (2 if s % 2 else -2.1))    # noise
+    write("mixln", 0, 9.0, cpu="Y")                                    # another machine
+    table = N.comparison()
+    lns = next(line for line in table.splitlines() if line.startswith("| LayerNorm Scaling"))
+    peri = next(line for line in table.splitlines() if line.startswith("| Peri-LN"))
+    assert "-3.00 [-3.00, -3.00] p=0.000*" in lns and "*" not in peri.split("|")[4]
+    assert "1 runs from another machine or commit left out" in table and "Mix-LN (0 of 5)" in table

@@ -1,0 +1,143 @@
+"""
+The comparison of docs/methods.md, from results/methods/runs/*.json (made by run_methods.py): each method against the
+baseline of the same seed (the same initialisation and data order), the mean difference over the seeds both have with
+its two-sided 95% t interval and the paired t test's p-value (n − 1 degrees of freedom), and for each metric a Holm
+correction across the methods compared (a finding that survives it is marked). Runs from another machine or commit
+than the most common one are left out and counted. results/collect.py writes the table into docs/methods.md; plot()
+draws results/methods/methods.png.
+
+    python results/methods/numbers_methods.py          # the table on stdout, and the figure
+"""
+import glob
+import json
+import math
+import os
+import sys
+from collections import Counter
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import numbers_reproduction as repro  # noqa: E402
+
+CONDITIONS = {"base": "baseline", "jreg_a1": "JREG α = 1", "lns": "LayerNorm Scaling", "mixln": "Mix-LN",
+              "periln": "Peri-LN", "early_exit": "early-exit loss", "backout": "Backout",
+              "jreg_lns": "JREG + LayerNorm Scaling"}
+# metric: (label, digits, function of a run)
+METRICS = {"val_loss": ("val loss", 4, lambda r: r["profile"]["loss"]),
+           "zeta_L": ("ζ_L", 2, lambda r: r["profile"]["zeta"][-1]),
+           "psi_L": ("Ψ_L", 4, lambda r: r["profile"]["psi"][-1]),
+           "psi_total": ("total Ψ", 4, lambda r: sum(r["profile"]["psi"][1:])),
+           "skip_L": ("skip block L (nats)", 3, lambda r: r["profile"]["skip_block_loss_increase"][-1]),
+           "lens_mid": ("lens h_3..h_{L−1} (nats)", 3,
+                        lambda r: repro.LAYER_ROWS["lens_mid"][2](r["profile"])),
+           "step_s": ("s a step", 3, lambda r: r["seconds_per_step"])}
+
+
+def runs():
+    """({condition: {seed: run}} of the runs made on the most common (machine, commit), the count left out)."""
+    every = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(HERE, "runs", "*.json")))]
+    if not every:
+        return {}, 0
+    where = Counter((r["machine"]["cpu"], r["machine"]["commit"]) for r in every).most_common(1)[0][0]
+    kept = [r for r in every if (r["machine"]["cpu"], r["machine"]["commit"]) == where]
+    by = {c: {} for c in CONDITIONS}
+    for r in kept:
+        by[r["condition"]][r["seed"]] = r
+    return by, len(every) - len(kept)
+
+
+def t_p(diff):
+    """Two-sided p of the paired t test of mean(diff) = 0 (the t distribution's tail, integrated numerically)."""
+    n = len(diff)
+    m, sd = repro.mean_sd(diff)
+    if n < 2 or sd == 0:
+        return float("nan") if n < 2 else (0.0 if m else 1.0)
+    t, df = abs(m) / (sd / math.sqrt(n)), n - 1
+    c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+    top, steps = math.atan(t / math.sqrt(df)), 20000                  # x = √df·tan θ: ∫ f over [t, ∞) as θ in [top, π/2)
+    h = (math.pi / 2 - top) / steps
+    f = lambda th: c * math.sqrt(df) * math.cos(th) ** (df - 1)        # noqa: E731  f(x) dx in θ
+    return 2 * h * (f(top) / 2 + sum(f(top + i * h) for i in range(1, steps)) + f(math.pi / 2) / 2)
+
+
+def holm(ps):
+    """Holm's step-down adjusted p-values, in the input's order."""
+    order, out, running = sorted(range(len(ps)), key=lambda i: ps[i]), [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        out[i] = running
+    return out
+
+
+def comparison():
+    """The table: per method, each metric's mean difference from the baseline of the same seed, [95% t interval], p
+    (* where it survives Holm's correction across the methods at 0.05)."""
+    by, left_out = runs()
+    if not by or not by["base"]:
+        return "No runs yet: python results/methods/run_methods.py."
+    methods = [c for c in CONDITIONS if c != "base" and set(by[c]) & set(by["base"])]
+    cells, seeds_of = {}, {}
+    for m, (_, digits, f) in METRICS.items():
+        rows = {}
+        for c in methods:
+            seeds = sorted(set(by[c]) & set(by["base"]))
+            seeds_of[c] = seeds
+            diff = [f(by[c][s]) - f(by["base"][s]) for s in seeds]
+            rows[c] = (repro.t_interval(diff), t_p(diff))
+        adjusted = dict(zip(rows, holm([p for _, p in rows.values()])))
+        for c, (t, p) in rows.items():
+            mark = "*" if adjusted[c] < 0.05 else ""
+            cells[c, m] = f"{repro.interval(t, digits)} p={p:.3f}{mark}"
+    lines = ["| − baseline, same seed | seeds | " + " | ".join(label for label, _, _ in METRICS.values()) + " |",
+             "|---" * (len(METRICS) + 2) + "|"]
+    base = "| baseline (mean ± sd) | " + ", ".join(map(str, sorted(by["base"]))) + " | " + " | ".join(
+        "{:.{d}f} ± {:.{d}f}".format(*repro.mean_sd([f(r) for r in by["base"].values()]), d=d)
+        for _, d, f in METRICS.values()) + " |"
+    lines.append(base)
+    for c in methods:
+        lines.append(f"| {CONDITIONS[c]} | {', '.join(map(str, seeds_of[c]))} | "
+                     + " | ".join(cells[c, m] for m in METRICS) + " |")
+    missing = [f"{CONDITIONS[c]} ({len(by[c])} of 5)" for c in CONDITIONS if len(by[c]) < 5]
+    return "\n".join(lines) + (
+        "\n\nEach cell: the method's value minus the baseline's of the same seed, the mean over the seeds both have "
+        "[its two-sided 95% t interval], and the paired t test's p (n − 1 degrees of freedom); * marks a difference "
+        f"that survives Holm's correction across the {len(methods)} methods at 0.05. ζ_L, Ψ_L, total Ψ (layers 2..L), "
+        "the loss increase when block L is skipped and the logit lens are evaluate.py's profile on the first 4,096 "
+        "validation tokens; s a step is the median wall-clock of a training step, two runs at a time on 2 cores."
+        + (f" Not yet complete: {', '.join(missing)} seeds." if missing else "")
+        + (f" {left_out} runs from another machine or commit left out." if left_out else ""))
+
+
+def plot(path=os.path.join(HERE, "methods.png")):
+    """The mean Ψ profile of every condition in one panel, and ζ_L with its 95% t interval per condition."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    by, _ = runs()
+    shown = [c for c in CONDITIONS if by.get(c)]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [3, 2]})
+    colors = plt.get_cmap("tab10")
+    for i, c in enumerate(shown):
+        profiles = [r["profile"]["psi"] for r in by[c].values()]
+        mean = [sum(col) / len(col) for col in zip(*profiles)]
+        left.plot(range(1, len(mean) + 1), mean, marker="o", ms=3, color=colors(i),
+                  label=f"{CONDITIONS[c]} ({len(profiles)})")
+        m, lo, hi = repro.t_interval([r["profile"]["zeta"][-1] for r in by[c].values()]) if len(profiles) > 1 else \
+            (by[c][next(iter(by[c]))]["profile"]["zeta"][-1],) * 3
+        right.errorbar([m], [i], xerr=[[m - lo], [hi - m]], fmt="o", color=colors(i), capsize=3)
+    left.set(xlabel="layer l", ylabel="mean Ψ_l over seeds", title="Ψ profile")
+    left.legend(fontsize=7, frameon=False)
+    right.set_yticks(range(len(shown)), [CONDITIONS[c] for c in shown], fontsize=8)
+    right.invert_yaxis()
+    right.set(xlabel="ζ_L (%), mean and 95% t interval", title="final-layer jump rate")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+BLOCKS = {"methods-table": comparison}
+
+if __name__ == "__main__":
+    print(comparison())
+    print(plot())
