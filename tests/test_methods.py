@@ -152,13 +152,13 @@ ALL_ON = ["--layernorm_scaling=True", "--mix_ln=0.25", "--peri_ln=True", "--back
           "--jreg_lambda=1.0"]
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_every_method_on_two_processes_matches_one_and_resumes(data_dir, tmp_path, mode):
-    """All five at once (and JREG): two gloo processes (DDP, or FSDP2) give one process's numbers; the run resumes to
-    the same numbers as one that ran through; evaluate.py profiles it."""
+@pytest.mark.parametrize("mode,nproc", [("ddp", 2), ("fsdp", 2), ("fsdp", 1)])
+def test_every_method_on_two_processes_matches_one_and_resumes(data_dir, tmp_path, mode, nproc):
+    """All five at once (and JREG): torchrun's gloo processes, DDP on two, FSDP2 on one and two, give one plain
+    process's numbers; the run resumes to the same numbers as one that ran through; evaluate.py profiles it."""
     args = ["--max_steps=4", "--eval_interval=4", "--ckpt_interval=2", *ALL_ON]
     one, one_eval = run(data_dir, tmp_path / "one", *args)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            os.path.join(HERE, "train.py"), *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'two'}", *args,
            *(["--fsdp=True"] if mode == "fsdp" else [])]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, timeout=300, env={**os.environ,
