@@ -15,7 +15,10 @@ LAYERS = os.path.join(ROOT, "results", "layers")
 def smollm2_finding():
     p = json.load(open(os.path.join(ROOT, "results", "smollm2", "profile.json")))
     cfg, prof = p["config"], p["profile"]
-    return (f"SmolLM2-135M-Instruct, a real open-weight Llama, has ζ_L = {prof['zeta'][-1]:.2f} on the raw h_L and "
+    quantised = "Q4_1" in p["model"]                            # the GGUF file that installs offline
+    return (f"SmolLM2-135M-Instruct, a real open-weight Llama"
+            + (" (its 4-bit quantised Q4_1 GGUF file, dequantised to fp32)" if quantised else "")
+            + f", has ζ_L = {prof['zeta'][-1]:.2f} on the raw h_L and "
             f"{prof['zeta_normed'][-1]:.2f} on the final-normed one ({prof['n_tokens']:,} tokens of Genesis in windows "
             f"of {cfg['seq_len']}; other text moves these numbers, so compare them only on the same windows).")
 
