@@ -50,6 +50,8 @@ loss, _, psi, zeta, n = cpu_drift()
 print(f"On another CPU than the committed runs' these move (on {n} CPUs measured, 600-step runs) by up to {loss:.4f} in "
       f"loss, {psi:.4f} in Ψ and {zeta:.2f} in ζ (docs/reproduction.md); another seed moves them more. The effect to "
       "see: the baseline's ζ_L well above 0, JREG's 0.")
+print("JREG beside five other fixes for the last layers (LayerNorm Scaling, Mix-LN, Peri-LN, an early-exit loss, "
+      "Backout), the same runs over 5 seeds: docs/methods.md")
 PY
 echo "plots: $OUT/*.png   numbers: $OUT/profile.json   training logs: $OUT/{base,jreg}/log.jsonl"
 if [[ $PY == "$PWD/.venv/bin/python" ]]; then

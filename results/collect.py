@@ -34,8 +34,11 @@ import numbers_reproduction
 import numbers_retrofit
 import numbers_speed
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "methods"))
+import numbers_methods  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PAGES = (numbers_reproduction, numbers_finetuning, numbers_retrofit, numbers_layers, numbers_speed)
+PAGES = (numbers_reproduction, numbers_finetuning, numbers_retrofit, numbers_layers, numbers_speed, numbers_methods)
 MARKER = re.compile(r"(<!-- results/collect\.py: ([\w-]+) -->\n)((?:(?!<!-- )[\s\S])*?)(\n?<!-- end -->)")
 
 
@@ -102,6 +105,7 @@ def main(argv):
             print("stale blocks (run python results/collect.py):\n  " + "\n  ".join(stale))
         return 1 if stale or loose else 0
     numbers_reproduction.plots(*numbers_reproduction.seed_study())
+    numbers_methods.plot()
     print("\n\n".join(generated.values()))
     print("rewrote: " + (", ".join(stale) or "nothing changed"))
     return 1 if loose else 0

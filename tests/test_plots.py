@@ -17,7 +17,8 @@ EXPECTED = {"kjv": [LENS], "kjv/600_steps": [PSI], "smollm2": [PSI, LENS], "laye
             "layers/survey": [PSI, ZETA], "retrofit": [PSI, LENS, ZETA, EXIT], "sft_kjv/kjv": [PSI, LENS],
             "sft_kjv/chat": [PSI, LENS]}
 ELSEWHERE = {"kjv/psi_profiles.png", "kjv/zeta_over_training.png",   # results/collect.py's, from the seed runs
-             "kjv/zeta_over_checkpoints.png"}                        # evaluate.py --all_ckpts of one 600-step run
+             "kjv/zeta_over_checkpoints.png",                        # evaluate.py --all_ckpts of one 600-step run
+             "methods/methods.png"}                                  # results/collect.py's, numbers_methods.plot()
 
 
 @pytest.fixture(scope="module")

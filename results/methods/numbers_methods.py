@@ -69,6 +69,50 @@ def holm(ps):
     return out
 
 
+def p_text(p):
+    return "p<0.001" if p < 0.001 else f"p={p:.3f}"
+
+
+def differences(by, f):
+    """{method: (t interval of f(method) − f(baseline) over the shared seeds, p, Holm-adjusted p)}."""
+    methods = [c for c in CONDITIONS if c != "base" and set(by[c]) & set(by["base"])]
+    rows = {}
+    for c in methods:
+        diff = [f(by[c][s]) - f(by["base"][s]) for s in sorted(set(by[c]) & set(by["base"]))]
+        rows[c] = (repro.t_interval(diff), t_p(diff))
+    return {c: (t, p, a) for (c, (t, p)), a in zip(rows.items(), holm([p for _, p in rows.values()]))}
+
+
+def finding():
+    """What the table says, in two sentences written from the runs: which methods end with ζ_L = 0 in every seed, and
+    what each costs or gains in validation loss (the Holm-surviving differences named as such)."""
+    by, _ = runs()
+    if not by or not by["base"]:
+        return "No runs yet: python results/methods/run_methods.py."
+    zeta, loss = METRICS["zeta_L"][2], METRICS["val_loss"][2]
+    zero = [c for c in CONDITIONS if by[c] and all(round(zeta(r), 2) == 0 for r in by[c].values())]
+    d = differences(by, loss)
+    worse = [c for c in d if d[c][2] < 0.05 and d[c][0][0] > 0]
+    better = [c for c in d if d[c][0][0] < 0 and d[c][0][2] < 0]
+    named = lambda cs: ", ".join(CONDITIONS[c] for c in cs) or "none"                  # noqa: E731
+    cell = lambda c, note="": f"{CONDITIONS[c]} {repro.interval(d[c][0], 4)} ({p_text(d[c][1])}{note})"  # noqa: E731
+    zs = {c: [zeta(r) for r in by[c].values()] for c in CONDITIONS if by[c] and c not in zero}
+    dz = differences(by, zeta)
+    held = [c for c in dz if dz[c][2] >= 0.05]
+    verb = "ends" if len(zero) == 1 else "end"
+    return (f"At the quick start's budget (300 steps, {len(by['base'])} seeds) only {named(zero)} {verb} with "
+            f"ζ_L = 0.00 in every seed; the others leave a jump in some seeds (ζ_L over the seeds: "
+            + "; ".join(f"{CONDITIONS[c]} {min(v):.2f}–{max(v):.2f}" for c, v in zs.items()) + ")"
+            + (f", and with {len(by['base'])} seeds no difference in ζ_L survives Holm's correction (smallest p "
+               f"{min(dz[c][1] for c in dz):.3f})" if len(held) == len(dz) else "") + ". "
+            f"In validation loss {named(worse)} cost more than the noise after Holm's correction ("
+            + "; ".join(cell(c) for c in worse) + "), "
+            + ("; ".join(cell(c, "" if d[c][2] < 0.05 else ", not surviving Holm's correction") for c in better)
+               + (" gains" if len(better) == 1 else " gain") if better else "no method gains")
+            + ", and " + "; ".join(cell(c) for c in d if c not in worse and c not in better)
+            + " differs by less than the seeds can tell.")
+
+
 def comparison():
     """The table: per method, each metric's mean difference from the baseline of the same seed, [95% t interval], p
     (* where it survives Holm's correction across the methods at 0.05)."""
@@ -87,7 +131,7 @@ def comparison():
         adjusted = dict(zip(rows, holm([p for _, p in rows.values()])))
         for c, (t, p) in rows.items():
             mark = "*" if adjusted[c] < 0.05 else ""
-            cells[c, m] = f"{repro.interval(t, digits)} p={p:.3f}{mark}"
+            cells[c, m] = f"{repro.interval(t, digits)} {p_text(p)}{mark}"
     lines = ["| − baseline, same seed | seeds | " + " | ".join(label for label, _, _ in METRICS.values()) + " |",
              "|---" * (len(METRICS) + 2) + "|"]
     base = "| baseline (mean ± sd) | " + ", ".join(map(str, sorted(by["base"]))) + " | " + " | ".join(
@@ -103,7 +147,10 @@ def comparison():
         "[its two-sided 95% t interval], and the paired t test's p (n − 1 degrees of freedom); * marks a difference "
         f"that survives Holm's correction across the {len(methods)} methods at 0.05. ζ_L, Ψ_L, total Ψ (layers 2..L), "
         "the loss increase when block L is skipped and the logit lens are evaluate.py's profile on the first 4,096 "
-        "validation tokens; s a step is the median wall-clock of a training step, two runs at a time on 2 cores."
+        "validation tokens; s a step is the median wall-clock of a training step, two runs at a time on 2 cores. "
+        f"The steps of the {sum(map(len, by.values()))} runs add up to "
+        f"{sum(r['seconds_per_step'] * r['last_step']['step'] for v in by.values() for r in v.values()) / 60:.0f} "
+        "min (each run's median step × its steps; evaluation not counted)."
         + (f" Not yet complete: {', '.join(missing)} seeds." if missing else "")
         + (f" {left_out} runs from another machine or commit left out." if left_out else ""))
 
@@ -136,7 +183,7 @@ def plot(path=os.path.join(HERE, "methods.png")):
     return path
 
 
-BLOCKS = {"methods-table": comparison}
+BLOCKS = {"methods-table": comparison, "methods-finding": finding}
 
 if __name__ == "__main__":
     print(comparison())
