@@ -8,25 +8,23 @@ step kept. Writes results/methods/runs/CONDITION_seedN.json: the settings, the p
 last step, the profile, the seconds per step, and the machine and commit it ran on (runs from another machine or
 commit are kept apart by the comparison). A rerun goes on where it stopped. Needs data/kjv_bytes (quickstart.sh).
 
-    python results/methods/run_methods.py [--out out/methods] [--jobs 2]   # 40 runs: ~3 h on an idle 2-core CPU
+    python results/methods/run_methods.py [--out out/methods] [--jobs 2]   # 40 runs
 """
 import argparse
-import json
 import os
 import platform
 import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))
+from study_runs import ROOT, run_pending, save, train_and_profile  # noqa: E402
+
 CONDITIONS = {"base": "configs/kjv.py", "jreg_a1": "configs/kjv_jreg.py", "lns": "configs/kjv_lns.py",
               "mixln": "configs/kjv_mixln.py", "periln": "configs/kjv_periln.py",
               "early_exit": "configs/kjv_early_exit.py", "backout": "configs/kjv_backout.py",
               "jreg_lns": "configs/kjv_jreg_lns.py"}
 SEEDS = [1337, 1, 2, 3, 4]
-STEPS = ["--max_steps=300", "--eval_interval=50", "--ckpt_interval=300", "--keep_ckpts=1"]   # as quickstart.sh
 
 
 def machine():
@@ -41,23 +39,11 @@ def machine():
 
 def one_run(condition, seed, out_root, where):
     name = f"{condition}_seed{seed}"
-    folder, result = os.path.join(out_root, name), os.path.join(HERE, "runs", f"{name}.json")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = lambda *cmd: subprocess.run([sys.executable, *cmd], cwd=ROOT, env=env, check=True,   # noqa: E731
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    run("train.py", CONDITIONS[condition], f"--out_dir={folder}", f"--seed={seed}", *STEPS)
-    run("evaluate.py", folder, "--profile", "--out", os.path.join(folder, "profile.json"))
-    records = [json.loads(line) for line in open(os.path.join(folder, "log.jsonl"))]
-    steps = [r for r in records if "loss" in r]
-    seconds = [r["tokens"] / r["step"] / r["tok_per_s"] for r in steps]    # each step's wall-clock
     out = {"run": name, "condition": condition, "seed": seed, "machine": where,
-           "config": json.load(open(os.path.join(folder, "config.json")))["config"],
-           "evals": [r for r in records if "val_loss" in r], "steps": [r for r in steps if r["step"] % 10 == 0],
-           "last_step": steps[-1], "profile": json.load(open(os.path.join(folder, "profile.json")))["profile"],
-           "seconds_per_step": sorted(seconds)[len(seconds) // 2]}                # the median: no warm-up outlier
-    with open(result + ".tmp", "w") as f:
-        json.dump(out, f, indent=1)
-    os.replace(result + ".tmp", result)
+           **train_and_profile(CONDITIONS[condition], os.path.join(out_root, name), seed)}
+    seconds = sorted(out.pop("step_seconds"))
+    out["seconds_per_step"] = seconds[len(seconds) // 2]                       # the median: no warm-up outlier
+    save(out, os.path.join(HERE, "runs", f"{name}.json"))
     print(f"{name}: {out['seconds_per_step']:.2f} s a step, val loss {out['evals'][-1]['val_loss']:.4f}, ζ_L "
           f"{out['profile']['zeta'][-1]:.2f}", flush=True)
 
@@ -67,15 +53,9 @@ def main():
     p.add_argument("--out", default="out/methods", help="the run folders")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
     args = p.parse_args()
-    os.makedirs(os.path.join(HERE, "runs"), exist_ok=True)
-    todo = [(c, s) for s in SEEDS for c in CONDITIONS
-            if not os.path.exists(os.path.join(HERE, "runs", f"{c}_seed{s}.json"))]   # a rerun goes on
-    where, t0 = machine(), time.time()
-    print(f"{len(todo)} runs to go on {where['cpu']}, commit {where['commit']}", flush=True)
-    with ThreadPoolExecutor(args.jobs) as pool:
-        for f in [pool.submit(one_run, c, s, args.out, where) for c, s in todo]:
-            f.result()
-    print(f"done in {(time.time() - t0) / 60:.0f} min")
+    where = machine()
+    print(f"on {where['cpu']}, commit {where['commit']}", flush=True)
+    run_pending(lambda c, s: one_run(c, s, args.out, where), CONDITIONS, SEEDS, os.path.join(HERE, "runs"), args.jobs)
 
 
 if __name__ == "__main__":
