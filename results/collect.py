@@ -27,6 +27,7 @@ import glob
 import os
 import re
 import sys
+from collections import Counter
 
 import numbers_finetuning
 import numbers_layers
@@ -58,57 +59,147 @@ def rewrite(text, generated, path, stale):
     return MARKER.sub(one, text)
 
 
-# README numbers that are neither results nor settings: each phrase as the README writes it
+# where each block stands: a block deleted from (or added to) a page, or moved, fails the check
+PLACES = {
+    "README.md": ("kjv-setup", "kjv-seeds", "kjv-finding", "kjv-alpha3", "sft-readme", "retrofit-finding",
+                  "smollm2-finding", "methods-finding", "kjv-scale", "determinism", "param-counts", "readme-estimate"),
+    "docs/data.md": ("tokenize-speed",),
+    "docs/evaluation.md": ("smollm2-tasks",),
+    "docs/finetuning.md": ("packing-effect", "sft-table", "sft-skip-finding", "sft-finding"),
+    "docs/layers.md": ("smollm2-profile-finding", "smollm2-early-exit", "smollm2-exit-finding", "kjv-exit-finding",
+                       "kjv-tasks", "kjv-boolq", "kjv-lens", "kjv-lens-finding", "survey-table", "survey-finding"),
+    "docs/methods.md": ("methods-finding", "methods-table"),
+    "docs/reproduction.md": ("quickstart-time", "kjv-seeds", "kjv-paired", "kjv-finding", "kjv-alpha3", "kjv-runs",
+                             "kjv-layers", "kjv-layers-finding", "cpu-loss", "cpu-profile", "cpu-finding",
+                             "kjv600-runs", "kjv600-layers", "kjv600-finding"),
+    "docs/retrofit.md": ("retrofit-table", "retrofit-training", "retrofit-tasks", "retrofit-exit", "retrofit-moved",
+                         "retrofit-normed", "retrofit-tokens", "retrofit-full-scale"),
+    "docs/speed.md": ("speed-training", "speed-against", "loss-chunks", "speed-generation", "full-scale-estimate"),
+    "docs/training.md": ("memory-table", "memory-probe"),
+}
+
+# numbers in prose that are neither results nor settings: each phrase as the pages write it
 FACTS = ("arXiv 2601.18302", "[2601.18302", "DOI 10.18653", "Python 3.10+", "a line every 30 s")
 SKIPPED = re.compile(r"```[\s\S]*?```|`[^`\n]*`|\]\([^)]*\)|<!--[\s\S]*?-->")
-RESULT_LIKE = re.compile(r"(?<![\w.,])(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+|\d+(?= ?(?:h|min|s|GiB|GB)\b))"
-                         r"(?![\w.,]*\d)")
+# a decimal, a number with thousands separators, a percentage, a number before a unit of time, memory or a ratio
+RESULT_LIKE = re.compile(r"(?<![\w.,])(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+|\d+(?= ?(?:%|h|min|s|ms|GiB|GB|MiB|MB|×)"
+                         r"(?!\w)))(?![\w.,]*\d)")
 NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
-SETTINGS = ("config.py", "model.py", "configs/*.py")
+# every number a reader could be told: digits, and the number words (a changed count: "Five seeds" -> "Seven seeds")
+ANY_NUMBER = re.compile(r"(?<![\w.,])\d[\d,]*(?:\.\d+)?%?|\b(?:two|three|four|five|six|seven|eight|nine|ten|eleven|"
+                        r"twelve|thirteen|fourteen|fifteen|sixteen|twenty|thirty|forty|fifty|hundred|thousand|million|"
+                        r"billion|twice|half|dozen)\b", re.IGNORECASE)
+SETTINGS = ("config.py", "model.py", "configs/*.py", "*.py", "lib/*.py", "scripts/*.py", "scripts/*.sh")
+LEDGER = os.path.join("results", "prose_numbers.txt")
 
 
-def known_numbers(generated):
-    """Every number a block writes or a settings file holds (its text and, for configs/, its name), without commas."""
-    texts = list(generated.values())
+def pages():
+    """README.md and docs/*.md, relative to ROOT."""
+    return ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
+
+
+def prose(text):
+    """text outside its blocks, code spans, code blocks, link targets, comments and the phrases of FACTS."""
+    outside = SKIPPED.sub(" ", MARKER.sub(" ", text))
+    for phrase in FACTS:
+        outside = outside.replace(phrase, " ")
+    return outside
+
+
+def settings_numbers():
+    """Every number a settings file or command holds (its text and, for configs/, its name), without commas."""
+    texts = []
     for pattern in SETTINGS:
         for path in sorted(glob.glob(os.path.join(ROOT, pattern))):
             texts += [open(path).read(), os.path.basename(path)]
     return {n.replace(",", "") for text in texts for n in NUMBER.findall(text)}
 
 
-def unsourced(text, generated):
-    """The result-like numbers of text outside its blocks that no block writes and no settings file holds, each with
-    the words around it."""
-    outside = MARKER.sub(" ", text)
-    outside = SKIPPED.sub(" ", outside)
-    for phrase in FACTS:
-        outside = outside.replace(phrase, " ")
-    known = known_numbers(generated)
-    return [f"{m.group()} in \"…{outside[max(0, m.start() - 40):m.end() + 20].strip()}…\"".replace("\n", " ")
-            for m in RESULT_LIKE.finditer(outside) if m.group().replace(",", "") not in known]
+def around(text, m, words=4):
+    """The number of match m with the words either side, on one line."""
+    before, after = text[:m.start()].split()[-words:], text[m.end():].split()[:words]
+    return " ".join(before + [f"[{m.group()}]"] + after)
+
+
+def unsourced(text):
+    """The result-like numbers of text's prose that no settings file holds, each with the words around it: a result
+    belongs in a generated block (a number some block writes is not enough: the sentence may quote it wrongly)."""
+    outside, known = prose(text), settings_numbers()
+    return [around(outside, m) for m in RESULT_LIKE.finditer(outside) if m.group().replace(",", "") not in known]
+
+
+def prose_numbers():
+    """Every number of every page's prose, as the ledger writes it: "PAGE: words [number] words"."""
+    return [f"{page}: {around(outside, m)}" for page in pages()
+            for outside in [prose(open(os.path.join(ROOT, page)).read())] for m in ANY_NUMBER.finditer(outside)]
+
+
+def ledger_changes():
+    """The lines of the prose's numbers that are not in the committed ledger (-) or not in the prose (+)."""
+    path = os.path.join(ROOT, LEDGER)
+    committed = open(path).read().splitlines() if os.path.exists(path) else []
+    now = prose_numbers()
+    return ([f"+ {line}" for line in Counter(now) - Counter(committed)]
+            + [f"- {line}" for line in Counter(committed) - Counter(now)])
+
+
+def misplaced():
+    """Pages whose blocks, in order, are not those PLACES names."""
+    found = {page: tuple(m.group(2) for m in MARKER.finditer(open(os.path.join(ROOT, page)).read()))
+             for page in pages()}
+    return [f"{page}: blocks {list(found.get(page, ()))}, expected {list(PLACES.get(page, ()))}"
+            for page in sorted(set(found) | set(PLACES)) if found.get(page, ()) != PLACES.get(page, ())]
+
+
+def problems(generated):
+    """What fails the check besides a stale block, as printable paragraphs."""
+    out = []
+    loose = [f"{page}: {line}" for page in pages() for line in unsourced(open(os.path.join(ROOT, page)).read())]
+    if loose:
+        out.append("result-like numbers outside the generated blocks that no settings file holds (generate them from a "
+                   "committed file, or name the phrase in results/collect.py's FACTS):\n  " + "\n  ".join(loose))
+    placed = {name for names in PLACES.values() for name in names}
+    wrong = misplaced() + [f"block {name!r} is written by a generator and stands nowhere" for name in generated
+                           if name not in placed]
+    if wrong:
+        out.append("blocks not where results/collect.py's PLACES puts them:\n  " + "\n  ".join(wrong))
+    changed = ledger_changes()
+    if changed:
+        out.append(f"numbers in prose added (+) or gone (-) against {LEDGER} (a changed number is both; when the "
+                   "change is meant, python results/collect.py --accept-prose):\n  " + "\n  ".join(changed))
+    return out
 
 
 def main(argv):
-    check = "--check" in argv
+    check, accept = "--check" in argv, "--accept-prose" in argv
     generated, stale = blocks(), []
-    for path in [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))):
+    for page in pages():
+        path = os.path.join(ROOT, page)
         text = open(path).read()
         new = rewrite(text, generated, path, stale)
         if new != text and not check:
             open(path, "w").write(new)
-    loose = unsourced(open(os.path.join(ROOT, "README.md")).read(), generated)
-    if loose:
-        print("README.md: numbers outside the generated blocks that no block writes and no config sets (generate "
-              "them, or name the phrase in results/collect.py's FACTS):\n  " + "\n  ".join(loose))
     if check:
-        if stale:
-            print("stale blocks (run python results/collect.py):\n  " + "\n  ".join(stale))
-        return 1 if stale or loose else 0
+        found = problems(generated) + (["stale blocks (run python results/collect.py):\n  " + "\n  ".join(stale)]
+                                       if stale else [])
+        print("\n".join(found))
+        return 1 if found else 0
+    if accept:
+        refused = [p for p in problems(generated) if not p.startswith("numbers in prose")]
+        if refused:
+            print("\n".join(refused) + f"\nerror: {LEDGER} not written: the problems above first")
+            return 1
+        with open(os.path.join(ROOT, LEDGER), "w") as f:
+            f.write("\n".join(prose_numbers()) + "\n")
+        print(f"wrote {LEDGER}: {len(prose_numbers())} numbers in the prose of {len(pages())} pages")
+        return 0
     numbers_reproduction.plots(*numbers_reproduction.seed_study())
     numbers_methods.plot()
     print("\n\n".join(generated.values()))
     print("rewrote: " + (", ".join(stale) or "nothing changed"))
-    return 1 if loose else 0
+    found = problems(generated)
+    print("\n".join(found))
+    return 1 if found else 0
 
 
 if __name__ == "__main__":
