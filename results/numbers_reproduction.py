@@ -46,6 +46,33 @@ def t_interval(values):
     return m, m - half, m + half
 
 
+def t_p(diff):
+    """Two-sided p of the paired t test of mean(diff) = 0 (the t distribution's tail, integrated numerically)."""
+    n = len(diff)
+    m, sd = mean_sd(diff)
+    if n < 2 or sd == 0:
+        return float("nan") if n < 2 else (0.0 if m else 1.0)
+    t, df = abs(m) / (sd / math.sqrt(n)), n - 1
+    c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+    top, steps = math.atan(t / math.sqrt(df)), 20000                  # x = √df·tan θ: ∫ f over [t, ∞) as θ in [top, π/2)
+    h = (math.pi / 2 - top) / steps
+    f = lambda th: c * math.sqrt(df) * math.cos(th) ** (df - 1)        # noqa: E731  f(x) dx in θ
+    return 2 * h * (f(top) / 2 + sum(f(top + i * h) for i in range(1, steps)) + f(math.pi / 2) / 2)
+
+
+def holm(ps):
+    """Holm's step-down adjusted p-values, in the input's order."""
+    order, out, running = sorted(range(len(ps)), key=lambda i: ps[i]), [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        out[i] = running
+    return out
+
+
+def p_text(p):
+    return "p<0.001" if p < 0.001 else f"p={p:.3f}"
+
+
 def stats(runs):
     """{metric: {condition: values by seed}}, the seeds every condition has, sorted."""
     seeds = sorted(set.intersection(*(set(r) for r in runs.values())))
@@ -69,7 +96,7 @@ def seed_table(seeds, values):
     return "\n".join(lines) + f"\n\nMean ± standard deviation over {len(seeds)} seeds ({', '.join(map(str, seeds))})."
 
 
-def paired_table(seeds, values):
+def paired_table(seeds, values, fam):
     lines = ["| JREG − baseline, same seed | " + " | ".join(METRICS[m][0] for m in METRICS) + " |",
              "|---" * (len(METRICS) + 1) + "|"]
     for c in ("jreg_a1", "jreg_a3"):
@@ -77,10 +104,13 @@ def paired_table(seeds, values):
         for m, (_, digits, _) in METRICS.items():
             diff = [a - b for a, b in zip(values[m][c], values[m]["base"])]
             mean, low, high = t_interval(diff)
-            cells.append(f"{fmt(mean, digits, True)} [{fmt(low, digits, True)}, {fmt(high, digits, True)}]")
+            cells.append(f"{fmt(mean, digits, True)} [{fmt(low, digits, True)}, {fmt(high, digits, True)}] "
+                         f"{p_text(fam[c, m][1])}{'*' if fam[c, m][2] < 0.05 else ''}")
         lines.append(f"| {CONDITIONS[c]} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + (f"\n\nMean difference over the {len(seeds)} seeds and its two-sided 95% t interval "
-                               f"({len(seeds) - 1} degrees of freedom).")
+    return "\n".join(lines) + (f"\n\nMean difference over the {len(seeds)} seeds, its two-sided 95% t interval "
+                               f"({len(seeds) - 1} degrees of freedom) and the paired t test's p; * where it survives "
+                               f"Holm's correction at 0.05 over the seed study's {len(fam)} comparisons (this table's, "
+                               f"the layer table's and α = 3's two).")
 
 
 def run_table(runs):
@@ -116,7 +146,7 @@ def loss_verdict(loss):
 
 def finding(runs, seeds, values):
     """The README's sentence: what the intervals support."""
-    n = len(seeds)
+    n, fam = len(seeds), family(runs, seeds)
     base, a1 = (mean_sd(values["zeta_L"][c]) for c in ("base", "jreg_a1"))
     loss = t_interval([a - b for a, b in zip(values["val_loss"]["jreg_a1"], values["val_loss"]["base"])])
     zeta = t_interval([a - b for a, b in zip(values["zeta_L"]["jreg_a1"], values["zeta_L"]["base"])])
@@ -127,16 +157,19 @@ def finding(runs, seeds, values):
         margin, c, s = min(margins)
         psi = mean_sd(values["psi_L"]["jreg_a1"])
         zeta_text = (f"All {len(jreg)} JREG runs (both α) end with ζ_L at exactly 0 and all {n} baselines above 0 "
-                     f"({min(values['zeta_L']['base']):.2f}–{max(values['zeta_L']['base']):.2f}); with the JREG arm "
-                     f"constant, the paired interval ({zeta[0]:+.2f} [{zeta[1]:+.2f}, {zeta[2]:+.2f}]) is the "
+                     f"({min(values['zeta_L']['base']):.2f}–{max(values['zeta_L']['base']):.2f}; {n} of {n} alone is "
+                     f"a sign test's p = {sign_p(n):.4f}); with the JREG arm constant, the paired 95% t interval "
+                     f"({zeta[0]:+.2f} [{zeta[1]:+.2f}, {zeta[2]:+.2f}], {n - 1} degrees of freedom; "
+                     f"{tested(fam, ('jreg_a1', 'zeta_L'))} over the seed study's {len(fam)} comparisons) is the "
                      f"baselines' own spread. ζ_L = 0 means Ψ_L ≤ Ψ_{{L−1}} (by at least {margin:.5f}, "
                      f"{CONDITIONS[c]}'s seed {s}), not that the last block stands still (α = 1's Ψ_L = "
                      f"{psi[0]:.4f} ± {psi[1]:.4f})")
     else:
         zeta_text = f"The paired difference in ζ_L is {zeta[0]:+.2f}, 95% t interval [{zeta[1]:+.2f}, {zeta[2]:+.2f}]"
     return (f"Over {n} seeds, JREG (λ = 1, α = 1) takes the final-layer jump rate ζ_L from {base[0]:.2f} ± {base[1]:.2f} "
-            f"to {a1[0]:.2f} ± {a1[1]:.2f}. {zeta_text}. Its validation loss differs from the baseline's by "
-            f"{interval(loss, 4)}. {loss_verdict(loss)}.")
+            f"to {a1[0]:.2f} ± {a1[1]:.2f} (mean ± sd). {zeta_text}. Its validation loss differs from the "
+            f"baseline's by {interval(loss, 4)} ({p_text(fam['jreg_a1', 'val_loss'][1]).replace('=', ' = ')}). "
+            f"{loss_verdict(loss)}.")
 
 
 def largest_step(psi):
@@ -149,9 +182,8 @@ def alpha3_stats(runs, seeds):
     """α = 3 against α = 1 (Ψ_{L−1}) and against the baseline (the jump at L−1, ζ_{L−2}) over the seeds, the seeds in
     which its largest step is at L−1, and whether all of it shows the jump moved one layer down."""
     n, L = len(seeds), runs["base"][seeds[0]]["profile"]["n_layer"]
-    jump1 = lambda p: p["zeta"][-2] - p["zeta"][-1]             # noqa: E731   100 · max(0, Ψ_{L−1} − Ψ_{L−2})
     more, below = paired(runs, seeds, lambda p: p["psi"][-2], "jreg_a3", "jreg_a1")
-    jump, _ = paired(runs, seeds, jump1, "jreg_a3")
+    jump, _ = paired(runs, seeds, JUMP_L1, "jreg_a3")
     zeta2, _ = paired(runs, seeds, lambda p: p["zeta"][-3], "jreg_a3")
     largest = sum(largest_step(runs["jreg_a3"][s]["profile"]["psi"]) == L - 1 for s in seeds)
     moved = jump[1] > 0 and zeta2[1] > 0 and largest == n
@@ -161,16 +193,17 @@ def alpha3_stats(runs, seeds):
 def alpha3_finding(runs, seeds, values):
     """What the seeds say of α = 3 (about 95% of the weight on layer L) below the last layer: whether the jump moves
     one layer down, said only where the seeds show it."""
-    n = len(seeds)
+    n, fam = len(seeds), family(runs, seeds)
     more, above, jump, zeta2, largest, moved = alpha3_stats(runs, seeds)
     z2 = {c: mean_sd(values["zeta_L2"][c])[0] for c in ("base", "jreg_a3")}
-    side = (f"its Ψ_{{L−1}} exceeds α = 1's in {above} of {n} seeds ({interval(more, 4)})" if more[1] > 0 else
+    side = (f"its Ψ_{{L−1}} exceeds α = 1's in {above} of {n} seeds ({interval(more, 4)}, "
+            f"{tested(fam, ('jreg_a3', 'psi_L1_vs_a1'))})" if more[1] > 0 else
             f"its Ψ_{{L−1}} is not clearly above α = 1's ({interval(more, 4)}, higher in {above} of {n} seeds)")
     verdict = ("these seeds show the jump moved one layer down" if moved else
                "these seeds do not show the jump moved one layer down")
     return (f"α = 3 (about 95% of the weight on layer L) {'leaves more' if more[1] > 0 else 'need not leave more'} "
             f"displacement to the block below the last: {side}. {verdict[0].upper() + verdict[1:]}: its jump at layer "
-            f"L−1 (ζ_{{L−1}} − ζ_L) differs from the baseline's by {interval(jump, 2)}, its step at L−1 is its largest "
+            f"L−1 (ζ_{{L−1}} − ζ_L) differs from the baseline's by {interval(jump, 2)} ({p_text(fam['jreg_a3', 'jump_L1'][1]).replace('=', ' = ')}), its step at L−1 is its largest "
             f"in {largest} of {n} seeds, and its ζ_{{L−2}} ({z2['jreg_a3']:.2f}) is "
             f"{'below' if z2['jreg_a3'] < z2['base'] else 'above'} the baseline's ({z2['base']:.2f}; "
             f"{interval(zeta2, 2)}).")
@@ -185,27 +218,64 @@ LAYER_ROWS = {   # name: (label, digits, function of a profile)
 }
 
 
+def JUMP_L1(p):
+    """The jump at layer L−1: ζ_{L−1} − ζ_L = 100 · max(0, Ψ_{L−1} − Ψ_{L−2})."""
+    return p["zeta"][-2] - p["zeta"][-1]
+
+
+def family(runs, seeds):
+    """Every comparison of the seed study that the pages print, {(condition, metric): (t interval, p, Holm's p)}: JREG
+    (α = 1 and α = 3) − baseline for each metric of the paired and the layer tables, and α = 3's two comparisons of the
+    layer below the last (Ψ_{L−1} against α = 1, the jump at L−1 against the baseline); Holm's correction is over all
+    of them, the family a reader scans."""
+    fs = {m: f for rows in (METRICS, LAYER_ROWS) for m, (_, _, f) in rows.items()}
+    pairs = {(c, m): (f, c, "base") for c in ("jreg_a1", "jreg_a3") for m, f in fs.items()}
+    pairs["jreg_a3", "psi_L1_vs_a1"] = (lambda p: p["psi"][-2], "jreg_a3", "jreg_a1")
+    pairs["jreg_a3", "jump_L1"] = (JUMP_L1, "jreg_a3", "base")
+    rows = {}
+    for key, (f, c, ref) in pairs.items():
+        diff = [f(runs[c][s]["profile"]) - f(runs[ref][s]["profile"]) for s in seeds]
+        rows[key] = (t_interval(diff), t_p(diff))
+    return {key: (t, p, a) for (key, (t, p)), a in zip(rows.items(), holm([p for _, p in rows.values()]))}
+
+
+def tested(fam, key):
+    """A comparison's p and whether it survives Holm's correction over the family, as the text says it."""
+    _, p, adjusted = fam[key]
+    return f"{p_text(p).replace('=', ' = ').replace('<', ' < ')}, {'' if adjusted < 0.05 else 'not '}surviving Holm's correction"
+
+
+def sign_p(n):
+    """The two-sided sign test's p when all n paired differences have one sign: 2 · 0.5^n."""
+    return 2 * 0.5 ** n
+
+
 def layer_table(runs, seeds):
     """The seed runs' layer analysis, JREG − baseline of the same seed: what skipping the last block costs, how well the
     middle layers read out through the logit lens, and how much the stream moves in all."""
     n = len(seeds)
     lines = ["| JREG − baseline, same seed | " + " | ".join(c for c, _, _ in LAYER_ROWS.values()) + " |",
              "|---" * (len(LAYER_ROWS) + 1) + "|"]
+    fam = family(runs, seeds)
     for c in ("jreg_a1", "jreg_a3"):
         cells = []
-        for _, digits, f in LAYER_ROWS.values():
+        for m, (_, digits, f) in LAYER_ROWS.items():
             t, below = paired(runs, seeds, f, c)
-            cells.append(f"{interval(t, digits)}, lower in {below} of {n}")
+            cells.append(f"{interval(t, digits)} {p_text(fam[c, m][1])}{'*' if fam[c, m][2] < 0.05 else ''}, lower in "
+                         f"{below} of {n}")
         lines.append(f"| {CONDITIONS[c]} | " + " | ".join(cells) + " |")
     tokens = runs["base"][seeds[0]]["profile"]["analysis_tokens"]
-    return "\n".join(lines) + (f"\n\nMean difference over the {n} seeds, its 95% t interval, and in how many seeds "
-                               f"JREG's value is the lower; the logit lens and the skipped block on the first "
+    return "\n".join(lines) + (f"\n\nMean difference over the {n} seeds, its two-sided 95% t interval ({n - 1} degrees "
+                               f"of freedom), the paired t test's p (* where it survives Holm's correction at 0.05 over "
+                               f"the seed study's {len(fam)} comparisons: this table's, the paired table's and α = 3's "
+                               f"two), and in how many seeds JREG's value is the lower (a sign count: {n} of {n} alone "
+                               f"is a two-sided sign test's p = {sign_p(n):.4f}); the logit lens and the skipped block on the first "
                                f"{tokens:,} of the profile's validation tokens (`results/kjv/seeds/`).")
 
 
 def layer_finding(runs, seeds):
     """What the seed runs' layer analysis supports: the small-scale evidence that the middle layers do more."""
-    n = len(seeds)
+    n, fam = len(seeds), family(runs, seeds)
     skip, skip_below = paired(runs, seeds, LAYER_ROWS["skip_L"][2], "jreg_a1")
     lens, lens_below = paired(runs, seeds, LAYER_ROWS["lens_mid"][2], "jreg_a1")
     total, total_below = paired(runs, seeds, LAYER_ROWS["psi_total"][2], "jreg_a1")
@@ -214,15 +284,16 @@ def layer_finding(runs, seeds):
     if skip[2] < 0 and lens[2] < 0:
         work = (f"With α = 1 the last block does less of the work and the middle layers read out better: skipping "
                 f"block {L} costs "
-                f"{-skip[0]:.2f} nats less ({interval(skip, 3)}, lower in {skip_below} of {n} seeds), and h_3..h_{L - 1} "
-                f"read out {-lens[0]:.2f} nats better through the logit lens ({interval(lens, 3)}, {lens_below} of {n})")
+                f"{-skip[0]:.2f} nats less ({interval(skip, 3)}, {tested(fam, ('jreg_a1', 'skip_L'))}, lower in "
+                f"{skip_below} of {n} seeds), and h_3..h_{L - 1} read out {-lens[0]:.2f} nats better through the logit "
+                f"lens ({interval(lens, 3)}, {tested(fam, ('jreg_a1', 'lens_mid'))}, {lens_below} of {n})")
     else:
         work = (f"With α = 1 these seeds do not show the work moved from the last block to the middle layers: skipping "
                 f"block {L} changes by {interval(skip, 3)} ({skip_below} of {n} lower), the logit-lens loss of "
                 f"h_3..h_{L - 1} by {interval(lens, 3)} ({lens_below} of {n} lower)")
     if total[2] < 0 and mid[1] <= 0:
-        moved = (f"The stream moves less in all (total Ψ over layers 2..L {interval(total, 3)}, lower in "
-                 f"{total_below} of {n} seeds) and the middle layers' Ψ shows no rise ({interval(mid, 4)}): the penalty "
+        moved = (f"The stream moves less in all (total Ψ over layers 2..L {interval(total, 3)}, "
+                 f"{tested(fam, ('jreg_a1', 'psi_total'))}, lower in {total_below} of {n} seeds) and the middle layers' Ψ shows no rise ({interval(mid, 4)}): the penalty "
                  f"takes displacement out of the last block without the middle layers taking it up, where the paper "
                  f"reports their displacement enlarged")
     elif mid[1] > 0:
@@ -504,7 +575,7 @@ def kjv_scale():
             f"trained on a CPU for {cfg['max_steps'] * cfg['batch_tokens'] / 1e6:.1f}M tokens")
 
 
-BLOCKS = {"kjv-setup": kjv_setup, "kjv-scale": kjv_scale, "kjv-seeds": lambda: seed_table(*seed_study()[1:]), "kjv-paired": lambda: paired_table(*seed_study()[1:]),
+BLOCKS = {"kjv-setup": kjv_setup, "kjv-scale": kjv_scale, "kjv-seeds": lambda: seed_table(*seed_study()[1:]), "kjv-paired": lambda: paired_table(*seed_study()[1:], family(*seed_study()[:2])),
           "kjv-runs": lambda: run_table(seed_study()[0]), "kjv-finding": lambda: finding(*seed_study()),
           "kjv-alpha3": lambda: alpha3_finding(*seed_study()),
           "kjv-layers": lambda: layer_table(*seed_study()[:2]), "kjv-layers-finding": lambda: layer_finding(*seed_study()[:2]),

@@ -10,7 +10,6 @@ draws results/methods/methods.png.
 """
 import glob
 import json
-import math
 import os
 import sys
 from collections import Counter
@@ -18,6 +17,7 @@ from collections import Counter
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import numbers_reproduction as repro  # noqa: E402
+from numbers_reproduction import holm, t_p  # noqa: E402,F401  (the statistics, shared with the seed study)
 
 CONDITIONS = {"base": "baseline", "jreg_a1": "JREG α = 1", "lns": "LayerNorm Scaling", "mixln": "Mix-LN",
               "periln": "Peri-LN", "early_exit": "early-exit loss", "backout": "Backout",
@@ -46,41 +46,14 @@ def runs():
     return by, len(every) - len(kept)
 
 
-def t_p(diff):
-    """Two-sided p of the paired t test of mean(diff) = 0 (the t distribution's tail, integrated numerically)."""
-    n = len(diff)
-    m, sd = repro.mean_sd(diff)
-    if n < 2 or sd == 0:
-        return float("nan") if n < 2 else (0.0 if m else 1.0)
-    t, df = abs(m) / (sd / math.sqrt(n)), n - 1
-    c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
-    top, steps = math.atan(t / math.sqrt(df)), 20000                  # x = √df·tan θ: ∫ f over [t, ∞) as θ in [top, π/2)
-    h = (math.pi / 2 - top) / steps
-    f = lambda th: c * math.sqrt(df) * math.cos(th) ** (df - 1)        # noqa: E731  f(x) dx in θ
-    return 2 * h * (f(top) / 2 + sum(f(top + i * h) for i in range(1, steps)) + f(math.pi / 2) / 2)
-
-
-def holm(ps):
-    """Holm's step-down adjusted p-values, in the input's order."""
-    order, out, running = sorted(range(len(ps)), key=lambda i: ps[i]), [0.0] * len(ps), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
-        out[i] = running
-    return out
-
-
-def p_text(p):
-    return "p<0.001" if p < 0.001 else f"p={p:.3f}"
-
-
 def differences(by, f):
     """{method: (t interval of f(method) − f(baseline) over the shared seeds, p, Holm-adjusted p)}."""
     methods = [c for c in CONDITIONS if c != "base" and set(by[c]) & set(by["base"])]
     rows = {}
     for c in methods:
         diff = [f(by[c][s]) - f(by["base"][s]) for s in sorted(set(by[c]) & set(by["base"]))]
-        rows[c] = (repro.t_interval(diff), t_p(diff))
-    return {c: (t, p, a) for (c, (t, p)), a in zip(rows.items(), holm([p for _, p in rows.values()]))}
+        rows[c] = (repro.t_interval(diff), repro.t_p(diff))
+    return {c: (t, p, a) for (c, (t, p)), a in zip(rows.items(), repro.holm([p for _, p in rows.values()]))}
 
 
 def finding():
@@ -95,7 +68,7 @@ def finding():
     worse = [c for c in d if d[c][2] < 0.05 and d[c][0][0] > 0]
     better = [c for c in d if d[c][0][0] < 0 and d[c][0][2] < 0]
     named = lambda cs: ", ".join(CONDITIONS[c] for c in cs) or "none"                  # noqa: E731
-    cell = lambda c, note="": f"{CONDITIONS[c]} {repro.interval(d[c][0], 4)} ({p_text(d[c][1])}{note})"  # noqa: E731
+    cell = lambda c, note="": f"{CONDITIONS[c]} {repro.interval(d[c][0], 4)} ({repro.p_text(d[c][1])}{note})"  # noqa: E731
     zs = {c: [zeta(r) for r in by[c].values()] for c in CONDITIONS if by[c] and c not in zero}
     dz = differences(by, zeta)
     held = [c for c in dz if dz[c][2] >= 0.05]
@@ -127,11 +100,11 @@ def comparison():
             seeds = sorted(set(by[c]) & set(by["base"]))
             seeds_of[c] = seeds
             diff = [f(by[c][s]) - f(by["base"][s]) for s in seeds]
-            rows[c] = (repro.t_interval(diff), t_p(diff))
-        adjusted = dict(zip(rows, holm([p for _, p in rows.values()])))
+            rows[c] = (repro.t_interval(diff), repro.t_p(diff))
+        adjusted = dict(zip(rows, repro.holm([p for _, p in rows.values()])))
         for c, (t, p) in rows.items():
             mark = "*" if adjusted[c] < 0.05 else ""
-            cells[c, m] = f"{repro.interval(t, digits)} {p_text(p)}{mark}"
+            cells[c, m] = f"{repro.interval(t, digits)} {repro.p_text(p)}{mark}"
     lines = ["| − baseline, same seed | seeds | " + " | ".join(label for label, _, _ in METRICS.values()) + " |",
              "|---" * (len(METRICS) + 2) + "|"]
     base = "| baseline (mean ± sd) | " + ", ".join(map(str, sorted(by["base"]))) + " | " + " | ".join(
