@@ -304,10 +304,6 @@ def layer_finding(runs, seeds):
     return f"{work}. {moved}."
 
 
-COLOURS = {"base": "tab:blue", "jreg_a1": "tab:orange", "jreg_a3": "tab:green"}   # as lib/profiles.py colours them
-LABELS = {"base": "baseline", "jreg_a1": r"JREG $\alpha$ = 1", "jreg_a3": r"JREG $\alpha$ = 3"}
-
-
 def zero_from(curves):
     """The first step from which every curve is 0 to its end, or None."""
     steps = [x for x, _ in curves[0]]
@@ -321,27 +317,30 @@ def plots(runs, seeds, values):
     """psi_profiles.png: Ψ per layer, mean over seeds with a band of ± one standard deviation, layers 2..L (Ψ_1, the
     embedding's first update, is ~0.23 in every run and would flatten the rest); zeta_over_training.png: ζ_L of the
     periodic evals (raw h_L, the runs' validation windows), every seed a thin line, the mean a thick one, α = 1's
-    dashed over α = 3's wider line where both are 0. The conditions' colours are those lib/profiles.py gives them."""
+    dashed over α = 3's wider line where both are 0. The conditions' colours and labels are lib/style.py's, those of
+    every figure."""
+    import sys
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.4, 4))
-    for c in CONDITIONS:
+    sys.path.insert(0, ROOT)
+    from lib.style import COLOURS, DPI, LABELS, MARKERS
+    fig, ax = plt.subplots(figsize=(6.4, 4), layout="constrained")
+    for i, c in enumerate(CONDITIONS):
         profiles = [runs[c][s]["profile"]["psi"] for s in seeds]
         layers = list(range(2, len(profiles[0]) + 1))
         stat = [mean_sd([p[l - 1] for p in profiles]) for l in layers]
         mean = [m for m, _ in stat]
-        ax.plot(layers, mean, marker="o", color=COLOURS[c], label=rf"{LABELS[c]} ($\Psi_1$ = "
+        ax.plot(layers, mean, marker=MARKERS[i], color=COLOURS[c], label=rf"{LABELS[c]} ($\Psi_1$ = "
                 f"{mean_sd([p[0] for p in profiles])[0]:.2f}, not drawn)")
         ax.fill_between(layers, [m - s for m, s in stat], [m + s for m, s in stat], color=COLOURS[c], alpha=0.2)
     ax.set_xticks(layers)
     ax.set(xlabel=r"layer $\ell$", ylabel=r"$\Psi_\ell$ (raw $h_L$, 32,768 val tokens)",
-           title=f"The final-layer jump and JREG: KJV, 8 layers, mean ± sd over {len(seeds)} seeds")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(KJV, "psi_profiles.png"), dpi=120)
+           title=rf"KJV: $\Psi_\ell$, mean ± sd over {len(seeds)} seeds")
+    ax.legend(fontsize=8.5, loc="upper left")
+    fig.savefig(os.path.join(KJV, "psi_profiles.png"), dpi=DPI)
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6.4, 4))
+    fig, ax = plt.subplots(figsize=(6.4, 4), layout="constrained")
     width = {"base": 2.2, "jreg_a1": 2.2, "jreg_a3": 4.5}
     for c in ("base", "jreg_a3", "jreg_a1"):                    # α = 1 drawn last, dashed, over α = 3's wider line
         curves = [[(e["step"], e["zeta"][-1]) for e in runs[c][s]["evals"]] for s in seeds]
@@ -354,11 +353,10 @@ def plots(runs, seeds, values):
                 label=f"{LABELS[c]}: mean of {len(curves)} seeds" + (f", every seed 0 from step {zero}" if zero else ""))
     handles, labels = ax.get_legend_handles_labels()
     order = [labels.index(next(lb for lb in labels if lb.startswith(LABELS[c]))) for c in CONDITIONS]
-    ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8)
+    ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8.5, loc="upper left")
     ax.set(xlabel="training step", ylabel=r"$\zeta_L$ (%, raw $h_L$)",
-           title=r"$\zeta_L$ over training, every seed (thin) and the mean")
-    fig.tight_layout()
-    fig.savefig(os.path.join(KJV, "zeta_over_training.png"), dpi=120)
+           title=r"$\zeta_L$ over training: each seed (thin), the mean")
+    fig.savefig(os.path.join(KJV, "zeta_over_training.png"), dpi=DPI)
     plt.close(fig)
 
 
@@ -481,36 +479,66 @@ def cpu_profile_table():
     return "\n".join(lines)
 
 
+def other_cpus_split():
+    """(rows on another CPU with the committed runs' code, rows with later code that reorders the float arithmetic)."""
+    doc = json.load(open(os.path.join(KJV, "other_cpus.json")))
+    runs, _, _ = other_cpus()
+    same = [r for r in runs if r["commit"] == doc["committed_commit"]]
+    return same, [r for r in runs if r["commit"] != doc["committed_commit"]]
+
+
+def drift(rows):
+    """The largest move the rows gave against the committed run: final val loss, mid-run val loss, Ψ, ζ."""
+    _, evals, committed = other_cpus()
+    if not rows:
+        return (float("nan"),) * 4
+    final = max(abs(r["profile"]["val_loss"] - committed["val_loss"]) for r in rows)
+    midrun = max(abs(r["val_loss"][s] - evals[s]) for r in rows for s in evals)
+    psi = max(abs(r["profile"][k] - committed[k]) for r in rows for k in ("psi_L", "psi_L1", "psi_mid"))
+    zeta = max(abs(r["profile"][k] - committed[k]) for r in rows for k in ("zeta_L", "zeta_L2", "zeta_L_normed"))
+    return final, midrun, psi, zeta
+
+
 def cpu_drift():
-    """The largest move another CPU (same code) gave, in final val loss, mid-run val loss, Ψ_L and ζ_L."""
-    runs, evals, committed = other_cpus()
-    cpus = [r for r in runs if r["what"] == "cpu"]
-    final = max(abs(r["profile"]["val_loss"] - committed["val_loss"]) for r in cpus)
-    midrun = max(abs(r["val_loss"][s] - evals[s]) for r in cpus for s in evals)
-    psi = max(abs(r["profile"][k] - committed[k]) for r in cpus for k in ("psi_L", "psi_L1", "psi_mid"))
-    zeta = max(abs(r["profile"][k] - committed[k]) for r in cpus for k in ("zeta_L", "zeta_L2", "zeta_L_normed"))
-    return final, midrun, psi, zeta, len(cpus)
+    """The largest move another CPU gave with the committed runs' code (the CPU alone), in final val loss, mid-run val
+    loss, Ψ and ζ, and the number of such CPUs."""
+    same, _ = other_cpus_split()
+    return (*drift(same), len({r["machine"] for r in same}))
+
+
+def machines(rows):
+    return len({r["machine"].split(";")[0].replace("the same ", "a ") for r in rows})
 
 
 def determinism():
     final, _, _, zeta, n = cpu_drift()
+    same, later = other_cpus_split()
+    final2, _, _, zeta2 = drift(later)
     return (f"**Determinism.** Bit-exact on the same CPU, code and thread count (a resumed run too; the tests check "
-            f"it); {n} other CPUs moved the final "
-            f"validation loss by up to {final:.4f} and ζ_L by up to {zeta:.2f} (600-step runs), less than the seed "
-            f"does: [reproduction](docs/reproduction.md#which-digits-are-exact).")
+            f"it). With the committed runs' code, {n} other CPU{'s' if n != 1 else ''} moved the final validation loss "
+            f"by up to {final:.4f} and ζ_L by up to {zeta:.2f}; later commits that reorder the float arithmetic "
+            f"({len(later)} runs on {machines(later)} CPUs, CPU and code not separated) moved them by up to "
+            f"{final2:.4f} and {zeta2:.2f} (600-step runs); all of it less than the seed does: "
+            f"[reproduction](docs/reproduction.md#which-digits-are-exact).")
 
 
 def cpu_finding():
     final, midrun, psi, zeta, n = cpu_drift()
+    same, later = other_cpus_split()
+    final2, midrun2, psi2, zeta2 = drift(later)
     runs, _, committed = other_cpus()
     zetas = [committed["zeta_L"]] + [r["profile"]["zeta_L"] for r in runs]
     psis = [committed["psi_L"]] + [r["profile"]["psi_L"] for r in runs]
     jreg = [r["jreg_profile"]["zeta_L"] for r in runs if "jreg_profile" in r]
-    return (f"Across the {n} other CPUs, the same code moved the final validation loss by up to {final:.4f}, a mid-run "
-            f"one by up to {midrun:.4f}, Ψ by up to {psi:.4f} and ζ by up to {zeta:.2f}; a reordering of the "
-            f"arithmetic moves them as much. Every variant tells the same story: the baseline ends with Ψ_L between "
-            f"{min(psis):.4f} and {max(psis):.4f} and ζ_L between {min(zetas):.2f} and {max(zetas):.2f}, and the JREG "
-            f"runs recorded beside two of them with ζ_L = {max(jreg):.2f}.")
+    return (f"With the committed runs' code ({same[0]['commit']}), {n} other CPU{'s' if n != 1 else ''} "
+            f"({'; '.join(r['machine'].split(',')[0] for r in same)}) moved the final validation loss by up to "
+            f"{final:.4f}, a mid-run one by up to {midrun:.4f}, Ψ by up to {psi:.4f} and ζ by up to {zeta:.2f}: "
+            f"that is the CPU alone. The {len(later)} rows with later commits ran code that reorders the float "
+            f"arithmetic (the loss in chunks), on the same Zen 3 and on {machines(later) - 1} more CPUs, so there the "
+            f"CPU and the code are not separated: they moved the final loss by up to {final2:.4f}, a mid-run one by up "
+            f"to {midrun2:.4f}, Ψ by up to {psi2:.4f} and ζ by up to {zeta2:.2f}. Every variant tells the same story: "
+            f"the baseline ends with Ψ_L between {min(psis):.4f} and {max(psis):.4f} and ζ_L between {min(zetas):.2f} "
+            f"and {max(zetas):.2f}, and the JREG runs recorded beside two of them with ζ_L = {max(jreg):.2f}.")
 
 
 def quickstart_time():
