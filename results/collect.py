@@ -11,17 +11,19 @@ no longer equals what the committed files give.
     python results/collect.py            # rewrite the blocks in README.md and docs/, and the seed study's plots
     python results/collect.py --check    # exit 1 and name the blocks that differ (no file is written)
 
-What `--check` guards: (1) every block in README.md and docs/*.md equals what its function gives now; (2) in README.md,
-every result-like number outside the blocks (a decimal such as 0.0224, a number with thousands separators such as
-1,558,656, a number before a unit of time or memory such as 9 h) is one that some block writes or that a config file
-sets (config.py, configs/*.py, model.py, and the configs' file names), or stands in one of the phrases of FACTS (the
-paper's identifiers, the Python version). Code spans, code blocks, link targets and HTML comments are skipped. The
-prose of docs/ outside the blocks is not checked: a number there that no block writes is a setting or a description,
-and a reader should treat it as unchecked.
+What `--check` guards (docs/tests.md, "What the results check guards"): every block equals what its function gives
+now and stands where PLACES puts it; the prose of README.md and docs/*.md (outside blocks, code, link targets and
+comments) holds no result-like number (a decimal, thousands separators, a percentage, a number before a unit) that a
+settings file or command does not hold or a phrase of FACTS does not explain; and every number of that prose, digits
+or words, with the words around it, is in the committed ledger results/prose_numbers.txt (`--accept-prose` rewrites
+it when nothing else fails).
+
+    python results/collect.py --accept-prose     # after a meant change of a number in prose: the ledger anew
 
 Each block is a function of the module for its page, which reads the committed files and says how:
 numbers_reproduction.py (the seed study, the 600-step runs, other CPUs, the quick start), numbers_finetuning.py,
-numbers_retrofit.py, numbers_layers.py (layer analyses and task scores) and numbers_speed.py (results/speed/).
+numbers_retrofit.py, numbers_layers.py (layer analyses and task scores), numbers_speed.py (results/speed/) and
+methods/numbers_methods.py (the comparison of docs/methods.md).
 """
 import glob
 import os
