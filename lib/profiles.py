@@ -18,6 +18,7 @@ from data import is_conversations, list_shards, read_manifest, read_shard
 from jreg import Profile
 from lib.hf import llama_from_hf
 from lib.progress import Progress
+from lib.style import DPI, grid, legend, line_styles, pretty
 from model import Llama
 from tokenizer import HFTokenizer, get_tokenizer, tokenizer_fingerprint
 
@@ -258,9 +259,10 @@ def _family(name, names):
 
 def _styles(plt, names, series):
     """{name: (legend label, line style, panel)} and {model or run: colour}: a series' checkpoints (NAME@STEP) share
-    one panel, coloured by step on one scale for all series; other models a colour each, one panel per depth;
-    `NAME (assistant)` dashed and `NAME_seedN` dash-dotted with square markers, in NAME's colour. An absolute path is
-    shown by its last part."""
+    one panel, coloured by step on one scale for all series; other models in lib/style.py's colours (the baseline
+    blue, JREG α = 1 orange, α = 3 green, the rest a colour each), the runs of one condition (NAME_seedN, sft_NAME)
+    told apart by shade, marker and line style; `NAME (assistant)` in NAME's colour and marker, dashed. A path is
+    shown by its last part, a GGUF file by its model and quantisation."""
     import re
     steps = {}
     for run, points in (series or {}).items():
@@ -269,11 +271,8 @@ def _styles(plt, names, series):
             if m and int(m.group(1)) in {pt["step"] for pt in points}:
                 steps[name] = (run, int(m.group(1)))
     plain = list(dict.fromkeys([n.removesuffix(ASSISTANT) for n in names if n not in steps] + list(series or {})))
-    bases = list(dict.fromkeys(_family(n, plain) for n in plain))
-    n = len(bases)
-    colours = dict(zip(bases, plt.get_cmap("tab10" if n <= 10 else "tab20")(range(n)) if n <= 20 else
-                       plt.get_cmap("turbo")(np.linspace(0, 1, n))))
-    colour = {name: colours[_family(name, plain)] for name in plain}
+    lines = line_styles(plain, family=lambda name: _family(name, plain))
+    colour = {name: style["color"] for name, style in lines.items()}
     lo, hi = np.log1p([min(s for _, s in steps.values()), max(s for _, s in steps.values())]) if steps else (0, 1)
     by_step = plt.get_cmap("viridis")
     styles = {name: (f"step {step}", {"color": by_step(0.9 * (np.log1p(step) - lo) / ((hi - lo) or 1)), "ls": "-",
@@ -281,15 +280,15 @@ def _styles(plt, names, series):
               for name, (run, step) in steps.items()}
     for name in names:
         if name not in steps:
-            seed = _family(name, plain) != name.removesuffix(ASSISTANT)
-            styles[name] = (_short(name), {"color": colour[name.removesuffix(ASSISTANT)],
-                                           "ls": "--" if name.endswith(ASSISTANT) else "-." if seed else "-",
-                                           "marker": "s" if seed else "o"}, None)
+            style = dict(lines[name.removesuffix(ASSISTANT)])
+            if name.endswith(ASSISTANT):
+                style["ls"] = "--"
+            styles[name] = (_short(name), style, None)
     return styles, colour
 
 
 def _short(name):
-    return os.path.basename(os.path.normpath(name)) if os.path.isabs(name) else name
+    return pretty(name)
 
 
 def _y_scale(ax, values):
@@ -329,7 +328,7 @@ def _psi_lines(ax, profiles, styles, names, first=1, nested=False, labelled=True
             label += rf" ($\zeta_L$ {_zeta_l(p):.2f}, normed {_zeta_l(p, 'zeta_normed'):.2f})"
         x = np.arange(first, p["n_layer"] + 1)
         grow = 2.5 * (len(names) - 1 - i) if nested else 0
-        ax.plot(x, p["psi"][first - 1:], ms=3 + grow, label=label if labelled else "_zoom", **style)
+        ax.plot(x, p["psi"][first - 1:], ms=4 + grow, label=label if labelled else "_zoom", **style)
         ax.plot(x[-1:], p["psi_normed"][-1:], marker="o", ms=7 + grow, mfc="none", ls="", color=style["color"])
 
 
@@ -357,19 +356,19 @@ def _psi_figure(plt, profiles, styles, zeta=False):
     for name, p in profiles.items():
         tokens = (": assistant tokens" if name.endswith(ASSISTANT) else ": all tokens") if split else ""
         panels.setdefault(styles[name][2] or f"models of {p['n_layer']} layers{tokens}", []).append(name)
-    shown = []
+    shown, depths = [], {profiles[names[0]]["n_layer"] for names in panels.values()}
     for title, names in panels.items():
         L = profiles[names[0]]["n_layer"]
-        if len(names) == 1 and title.startswith("models of"):
-            title = f"{styles[names[0]][0]} ({L} layers)"
+        if title.startswith("models of"):
+            title = f"{styles[names[0]][0]}, {L} layers" if len(names) == 1 else \
+                rf"$\Psi_\ell$ per layer{title.partition(' layers')[2]}" if len(depths) == 1 else title
         shown.append((_wrap(title), names, 1))
         if len(names) >= 2 and L >= ZOOM_DEPTH and all(profiles[n]["n_layer"] == L for n in names):
             k = max(4, L // 5)
-            shown.append((_wrap(f"{title}: layers {L - k + 1}–{L}"), names, L - k + 1))
+            shown.append((f"layers {L - k + 1}–{L}, enlarged", names, L - k + 1))
     count = len(shown) + bool(zeta)
-    cols, rows = min(count, 3), -(-count // 3)
-    fig = plt.figure(layout="constrained", figsize=(4.6 * cols + 0.4, 3.6 * rows))
-    axes, dotted, hidden, depth = np.ravel(fig.subplots(rows, cols, squeeze=False)), False, [], {}
+    fig, axes, spare = grid(plt, count)
+    dotted, hidden, depth = False, [], {}
     for ax, (title, names, first) in zip(axes, shown):
         ax.set(title=title, xlabel=r"layer $\ell$", ylabel=r"$\Psi_\ell = (1 - \cos(h_{\ell-1}, h_\ell))\,/\,2$")
         if first > 1:                                     # the last layers, the models side by side
@@ -398,20 +397,18 @@ def _psi_figure(plt, profiles, styles, zeta=False):
             ax.set_ylim(lo, hi)
     if zeta:
         _zeta_panel(axes[len(shown)], profiles, styles)
-    for ax in axes[count:]:
-        fig.delaxes(ax)
     axes[0].plot([], [], marker="o", ms=7, mfc="none", ls="", color="gray", label=r"$\Psi_L$ on the final-normed $h_L$")
     if dotted:
         axes[0].plot([], [], ls=":", color="gray", label="without the first token")
     note = f"\n{'other lines ' if dotted else ''}without the first token: within {max(hidden):.1e}, not drawn" \
         if hidden else ""
-    return fig, r"$\Psi_\ell$ on the raw residual stream" + note
+    return fig, r"$\Psi_\ell$ on the raw residual stream" + note, spare
 
 
 def _zeta_panel(ax, profiles, styles):
     """ζ_2..ζ_L of each profile against the layer (raw h_L), from 0."""
     for name, p in profiles.items():
-        ax.plot(range(2, len(p["zeta"]) + 2), p["zeta"], ms=3, label="_zeta", **styles[name][1])
+        ax.plot(range(2, len(p["zeta"]) + 2), p["zeta"], ms=4, label="_zeta", **styles[name][1])
     ax.set_ylim(bottom=0)
     ax.set(title=r"jump rate $\zeta_\ell$ (raw $h_L$)", xlabel=r"layer $\ell$",
            ylabel=r"$\zeta_\ell = 100\,\sum_{k \geq \ell} \max(0, \Psi_k - \Psi_{k-1})$")
@@ -420,7 +417,7 @@ def _zeta_panel(ax, profiles, styles):
 def _curves(ax, profiles, styles, key, first=0, **labels):
     """Each profile's p[key] against the layer, from layer `first` on, on a readable y scale."""
     for name, p in profiles.items():
-        ax.plot(range(first, first + len(p[key])), p[key], ms=3, label=styles[name][0], **styles[name][1])
+        ax.plot(range(first, first + len(p[key])), p[key], ms=4, label=styles[name][0], **styles[name][1])
     _y_scale(ax, [v for p in profiles.values() for v in p[key]])
     ax.set(**labels)
 
@@ -440,10 +437,10 @@ def _skip_panel(ax, analysed, styles):
     below = sorted((v, l, n) for n, p in analysed.items() for l, v in enumerate(p[key], 1) if v < 0)
     for v, l, n in below[:3]:
         ax.annotate(f"skipping block {l} lowers {styles[n][0]}'s loss by {-v:.4f}", xy=(l, v), xytext=(-12, -4),
-                    textcoords="offset points", ha="right", va="top", fontsize=7, color=styles[n][1]["color"],
+                    textcoords="offset points", ha="right", va="top", fontsize=8, color=styles[n][1]["color"],
                     arrowprops={"arrowstyle": "-", "color": styles[n][1]["color"], "lw": 0.6})
     if len(below) > 3:
-        ax.text(0.98, 0.02, f"{len(below)} values below 0", transform=ax.transAxes, ha="right", fontsize=7)
+        ax.text(0.98, 0.02, f"{len(below)} values below 0", transform=ax.transAxes, ha="right", fontsize=8)
 
 
 EXIT_LAYER = r"exit layer $\ell$ (0 = embedding)"
@@ -467,13 +464,12 @@ def _lens_difference(ax, analysed, styles):
     for name, p in analysed.items():
         ref = refs[_seed(name)]
         if name != ref:
-            ax.plot(range(len(p[key])), np.subtract(p[key], analysed[ref][key]), ms=3, label=styles[name][0],
+            ax.plot(range(len(p[key])), np.subtract(p[key], analysed[ref][key]), ms=4, label=styles[name][0],
                     **styles[name][1])
     first = next(iter(refs.values()))
     ax.axhline(0, color=styles[first][1]["color"], lw=1.2)
-    others = [f"{styles[ref][0]}'s for seed {seed}" for seed, ref in refs.items() if ref != first]
-    ax.set(title=_wrap(f"logit lens: each model's loss minus {styles[first][0]}'s"
-                       + (f" of its own seed ({', '.join(others)})" if others else ""), 48),
+    seeds = len(refs) > 1                                 # each seed's differences from its own first run
+    ax.set(title=f"logit lens minus {styles[first][0]}'s" + (", same seed" if seeds else ""),
            xlabel=LENS["xlabel"], ylabel="Δ cross-entropy (nats)")
 
 
@@ -496,11 +492,12 @@ def _early_exit_accuracy(ax, exits, styles):
     for name, e in exits.items():
         layers, avgs = [r["layer"] for r in e["early_exit"]], [r["average"] for r in e["early_exit"]]
         drawn += [a["acc"] for a in avgs]
-        ax.plot(layers, [a["acc"] for a in avgs], marker="o", ms=3, label=styles[name][0],
-                color=styles[name][1]["color"])
+        style = styles[name][1]
+        ax.plot(layers, [a["acc"] for a in avgs], marker=style["marker"], ms=4, label=styles[name][0],
+                color=style["color"])
         if avgs[0].get("acc_norm") is not None:
             drawn += [a["acc_norm"] for a in avgs]
-            ax.plot(layers, [a["acc_norm"] for a in avgs], ls="--", color=styles[name][1]["color"])
+            ax.plot(layers, [a["acc_norm"] for a in avgs], ls="--", color=style["color"])
     norm = any(r["average"].get("acc_norm") is not None for e in exits.values() for r in e["early_exit"])
     count = lambda metric: f"{counts[metric]} task{'s' * (counts[metric] != 1)}"      # noqa: E731
     ax.plot([], [], color="gray", label=f"acc ({count('acc')})")
@@ -530,8 +527,9 @@ def profile_figures(profiles, series=None, exits=None, files=None, zeta=False):
     {run: profiles of its checkpoints}, zeta_over_checkpoints.png (ζ_L, ζ_(L−2) against the step, from 0, raw h_L
     and, where it differs, the final-normed h_L beside it); given exits {model: evaluate_tasks output with
     early_exit}, early_exit.png (average accuracy per exit layer over the tasks with acc, with the chance levels of
-    acc and acc_norm, from 0; a task without acc (wikitext) by its word perplexity). One legend per figure, on its
-    right, the panels keeping their width. files: draw only these of FIGURES (default: all that the data allow)."""
+    acc and acc_norm, from 0; a task without acc (wikitext) by its word perplexity). lib/style.py's colours and
+    layout: panels in at most two columns, one legend per figure in the grid's empty cell or below the panels.
+    files: draw only these of FIGURES (default: all that the data allow)."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
     want = lambda file: files is None or file in files               # noqa: E731
@@ -539,9 +537,10 @@ def profile_figures(profiles, series=None, exits=None, files=None, zeta=False):
     rank = {f: i for i, f in enumerate(dict.fromkeys(_family(name, plain) for name in profiles))}
     profiles = dict(sorted(profiles.items(), key=lambda kv: (kv[0].endswith(ASSISTANT), rank[_family(kv[0], plain)])))
     styles, colour = _styles(plt, list(profiles) + list(exits or {}), series)
-    figures, legend_titles = {}, {}
+    figures, legend_titles, spares = {}, {}, {}
     if profiles and want("psi_profiles.png"):
-        figures["psi_profiles.png"], legend_titles["psi_profiles.png"] = _psi_figure(plt, profiles, styles, zeta)
+        fig, legend_titles["psi_profiles.png"], spares["psi_profiles.png"] = _psi_figure(plt, profiles, styles, zeta)
+        figures["psi_profiles.png"] = fig
     analysed = {name: p for name, p in profiles.items() if "logit_lens_loss" in p}
     if analysed and want("layer_analysis.png"):
         depth = {len(p[LENS["key"]]) for p in analysed.values()}
@@ -551,8 +550,9 @@ def profile_figures(profiles, series=None, exits=None, files=None, zeta=False):
         skipped = {name: p for name, p in analysed.items() if p.get("skip_block_loss_increase")}
         if skipped:
             panels.append(lambda ax: _skip_panel(ax, skipped, styles))
-        fig = figures["layer_analysis.png"] = plt.figure(layout="constrained", figsize=(5.2 * len(panels) + 0.4, 4))
-        for ax, draw in zip(np.ravel(fig.subplots(1, len(panels), squeeze=False)), panels):
+        fig, axes, spares["layer_analysis.png"] = grid(plt, len(panels))
+        figures["layer_analysis.png"] = fig
+        for ax, draw in zip(axes, panels):
             draw(ax)
     if series and want("zeta_over_checkpoints.png"):
         def zeta(pt, key, back=0):                        # ζ_L (back 0), ζ_(L−2) (back 2)
@@ -566,9 +566,9 @@ def profile_figures(profiles, series=None, exits=None, files=None, zeta=False):
             conventions.append(("zeta_normed", r"final-normed $h_L$"))
         elif len(both):
             legend_titles["zeta_over_checkpoints.png"] = f"final-normed $h_L$: within {gap:.2g} of raw, not drawn"
-        fig = figures["zeta_over_checkpoints.png"] = plt.figure(layout="constrained",
-                                                                 figsize=(5.5 * len(conventions) + 0.4, 4))
-        for ax, (key, what) in zip(np.ravel(fig.subplots(1, len(conventions), squeeze=False)), conventions):
+        fig, axes, spares["zeta_over_checkpoints.png"] = grid(plt, len(conventions))
+        figures["zeta_over_checkpoints.png"] = fig
+        for ax, (key, what) in zip(axes, conventions):
             for name, points in series.items():
                 steps, c = [pt["step"] for pt in points], colour[name]
                 ax.plot(steps, [zeta(pt, key) for pt in points], marker="o", color=c,
@@ -581,15 +581,15 @@ def profile_figures(profiles, series=None, exits=None, files=None, zeta=False):
     if exits and want("early_exit.png"):    # average accuracy per exit layer; a task without acc by its perplexity
         results = next(iter(exits.values()))["results"]
         acc, ppl = any("acc" in r for r in results.values()), [t for t, r in results.items() if "acc" not in r]
-        fig = figures["early_exit.png"] = plt.figure(layout="constrained", figsize=(5.5 * (acc + len(ppl)) + 0.4, 4))
-        axes = list(np.ravel(fig.subplots(1, acc + len(ppl), squeeze=False)))
+        fig, axes, spares["early_exit.png"] = grid(plt, acc + len(ppl))
+        figures["early_exit.png"] = fig
         if acc:
             _early_exit_accuracy(axes.pop(0), exits, styles)
         for task in ppl:
             ax = axes.pop(0)
             for name, e in exits.items():
                 ax.plot([r["layer"] for r in e["early_exit"]], [r["results"][task]["word_perplexity"]
-                        for r in e["early_exit"]], ms=3, label=styles[name][0], **styles[name][1])
+                        for r in e["early_exit"]], ms=4, label=styles[name][0], **styles[name][1])
             _y_scale(ax, [r["results"][task]["word_perplexity"] for e in exits.values() for r in e["early_exit"]])
             ax.set(title=rf"early exit: {task} on head(norm($h_\ell$))", xlabel=EXIT_LAYER, ylabel="word perplexity")
     for file, fig in figures.items():
@@ -599,21 +599,18 @@ def profile_figures(profiles, series=None, exits=None, files=None, zeta=False):
             ax.ticklabel_format(axis="both" if ax.get_yscale() == "linear" else "x", useOffset=False)  # no "+1e1"
             ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
             handles.update({label: h for h, label in zip(*ax.get_legend_handles_labels()) if label not in handles})
-        legend = fig.legend(handles.values(), handles.keys(), loc="outside right upper", fontsize=7,
-                            title=legend_titles.get(file), title_fontsize=7, alignment="left", handlelength=3)
-        fig.canvas.draw()                                 # the legend's width, added to the panels' (not taken off)
-        fig.set_figwidth(fig.get_figwidth() + legend.get_window_extent().width / fig.dpi + 0.15)
+        legend(fig, list(handles.values()), list(handles), title=legend_titles.get(file), spare=spares.get(file))
     return figures
 
 
 def plot_profiles(profiles, out_dir, series=None, exits=None, files=None):
-    """The figures of profile_figures written into out_dir as PNGs (120 dpi); returns the paths written."""
+    """The figures of profile_figures written into out_dir as PNGs (lib/style.py's DPI); returns the paths written."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     figures = profile_figures(profiles, series, exits, files)
     for file, fig in figures.items():
-        fig.savefig(os.path.join(out_dir, file), dpi=120)
+        fig.savefig(os.path.join(out_dir, file), dpi=DPI)
         plt.close(fig)
     return [os.path.join(out_dir, file) for file in figures]
 

@@ -7,24 +7,27 @@ and no figure is drawn by hand:
     python results/plots.py --out DIR          # the same files under DIR (DIR/retrofit/psi_profiles.png, ...)
     python results/plots.py --only retrofit layers/kjv
 
-Each PNG and the JSON it is drawn from (in results/; the command that wrote the JSON is on the docs page named):
+Each PNG and the JSON it is drawn from (in results/; the command that wrote the JSON is on the docs page named, where
+the figure is shown):
 
     kjv/layer_analysis.png                              kjv/profiles.json (reproduction.md, the five 600-step runs)
+    kjv/zeta_over_checkpoints.png                       kjv/base_checkpoints.json (evaluate.py --all_ckpts of the
+                                                        600-step baseline of one seed; reproduction.md)
     kjv/600_steps/psi_profiles.png                      kjv/profiles.json (the same runs' Ψ per layer)
     smollm2/{psi_profiles,layer_analysis}.png           smollm2/profile.json (layers.md)
-    layers/smollm2/{psi_profiles,layer_analysis,early_exit}.png    layers/smollm2/early_exit.json (layers.md)
-    layers/kjv/{psi_profiles,layer_analysis,early_exit}.png        layers/kjv/early_exit.json (layers.md)
+    layers/smollm2/early_exit.png                       layers/smollm2/early_exit.json (layers.md)
+    layers/kjv/{layer_analysis,early_exit}.png          layers/kjv/early_exit.json (layers.md)
     layers/survey/{psi_profiles,zeta_over_checkpoints}.png         layers/survey/survey.json (layers.md)
     retrofit/{psi_profiles,layer_analysis,early_exit}.png   retrofit/before.json and after_{base,jreg,jreg_normed}.json
     retrofit/zeta_over_checkpoints.png                  retrofit/profiles.json and profiles_jreg_normed.json, with
                                                         the source (before.json's model, profiled in profiles.json)
                                                         as step 0 of every run (retrofit.md, scripts/retrofit.sh)
-    sft_kjv/kjv/{psi_profiles,layer_analysis}.png       sft_kjv/profile_kjv.json (finetuning.md)
+    sft_kjv/kjv/psi_profiles.png                        sft_kjv/profile_kjv.json (finetuning.md)
     sft_kjv/chat/{psi_profiles,layer_analysis}.png      sft_kjv/profile_chat.json (finetuning.md)
 
-Not drawn here: kjv/psi_profiles.png and kjv/zeta_over_training.png (results/collect.py draws them from the seed
-runs) and kjv/zeta_over_checkpoints.png (evaluate.py --all_ckpts of out/kjv/base, kjv/base_checkpoints.json: the
-600-step baseline of one seed; the seed study's ζ over training, every seed, is kjv/zeta_over_training.png).
+The colours, sizes and legends are lib/style.py's, shared with every other figure. Not drawn here:
+kjv/psi_profiles.png and kjv/zeta_over_training.png (results/collect.py draws them from the seed runs, with
+results/numbers_reproduction.py's plots) and results/methods/methods.png (results/methods/numbers_methods.py).
 """
 import argparse
 import functools
@@ -74,18 +77,26 @@ def retrofit(folder=os.path.join(RESULTS, "retrofit")):
     return {name: m["profile"] for name, m in models.items()}, series, models, None
 
 
+def kjv():
+    """The five 600-step runs (their logit lens and skipped blocks) and the baseline's checkpoints (its ζ)."""
+    profiles = report_figures(report("kjv/profiles.json"))[0]
+    series = report_figures(report("kjv/base_checkpoints.json"))[1]
+    return profiles, series, None, ("layer_analysis.png", "zeta_over_checkpoints.png")
+
+
 AFTER = ["retrofit/before.json"] + [f"retrofit/after_{run}.json" for run in RUNS]
 FIGURES = {     # folder in results/: (its JSON files, or {PNG: its JSON files}; () -> plot_profiles' arguments)
-    "kjv": evaluation("kjv/profiles.json", "layer_analysis.png"),
+    "kjv": ({"layer_analysis.png": ["kjv/profiles.json"], "zeta_over_checkpoints.png": ["kjv/base_checkpoints.json"]},
+            kjv),
     "kjv/600_steps": evaluation("kjv/profiles.json", "psi_profiles.png"),
     "smollm2": evaluation("smollm2/profile.json"),
-    "layers/smollm2": evaluation("layers/smollm2/early_exit.json"),
-    "layers/kjv": evaluation("layers/kjv/early_exit.json"),
+    "layers/smollm2": evaluation("layers/smollm2/early_exit.json", "early_exit.png"),
+    "layers/kjv": evaluation("layers/kjv/early_exit.json", "layer_analysis.png", "early_exit.png"),
     "layers/survey": (["layers/survey/survey.json"], survey),
     "retrofit": ({"psi_profiles.png": AFTER, "layer_analysis.png": AFTER, "early_exit.png": AFTER,
                   "zeta_over_checkpoints.png": ["retrofit/profiles.json", "retrofit/profiles_jreg_normed.json"]},
                  retrofit),
-    "sft_kjv/kjv": evaluation("sft_kjv/profile_kjv.json"),
+    "sft_kjv/kjv": evaluation("sft_kjv/profile_kjv.json", "psi_profiles.png"),
     "sft_kjv/chat": evaluation("sft_kjv/profile_chat.json"),
 }
 

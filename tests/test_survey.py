@@ -110,7 +110,7 @@ def test_survey_of_three_families_table_json_and_plot(folders, tmp_path, capsys,
     assert len(rows) == 3 and zetas == sorted(zetas, reverse=True)          # sorted by ζ_L (raw), largest first
     assert (plots / "psi_profiles.png").stat().st_size > 1000
     assert plot_problems(figs["psi_profiles.png"]) == []            # folders by their names, one panel per depth
-    assert [ax.get_title() for ax in figs["psi_profiles.png"].axes] == ["models of 4 layers", "llama (5 layers)"]
+    assert [ax.get_title() for ax in figs["psi_profiles.png"].axes] == ["models of 4 layers", "llama, 5 layers"]
 
 
 def test_revisions_pass_through_and_form_a_series(folders, tmp_path, monkeypatch):

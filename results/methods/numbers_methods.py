@@ -129,29 +129,38 @@ def comparison():
 
 
 def plot(path=os.path.join(HERE, "methods.png")):
-    """The mean Ψ profile of every condition in one panel, and ζ_L with its 95% t interval per condition."""
+    """The mean Ψ profile of every condition in one panel, and ζ_L with its 95% t interval per condition, in
+    lib/style.py's colours (the baseline blue and JREG α = 1 orange, as in every figure; each other method a colour
+    and a marker of its own) and layout (at most MAX_WIDTH pixels wide, the legend below the panels)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+    from lib.style import DPI, LABELS, MARKERS, legend, line_styles
     by, _ = runs()
     shown = [c for c in CONDITIONS if by.get(c)]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [3, 2]})
-    colors = plt.get_cmap("tab10")
+    colours = {c: style["color"] for c, style in line_styles(shown).items()}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.8), layout="constrained",
+                                      gridspec_kw={"width_ratios": [3, 2]})
     for i, c in enumerate(shown):
         profiles = [r["profile"]["psi"] for r in by[c].values()]
         mean = [sum(col) / len(col) for col in zip(*profiles)]
-        left.plot(range(1, len(mean) + 1), mean, marker="o", ms=3, color=colors(i),
-                  label=f"{CONDITIONS[c]} ({len(profiles)})")
+        left.plot(range(1, len(mean) + 1), mean, marker=MARKERS[i % len(MARKERS)], ms=4, color=colours[c],
+                  label=f"{LABELS.get(c, CONDITIONS[c])} ({len(profiles)} seeds)")
         m, lo, hi = repro.t_interval([r["profile"]["zeta"][-1] for r in by[c].values()]) if len(profiles) > 1 else \
             (by[c][next(iter(by[c]))]["profile"]["zeta"][-1],) * 3
-        right.errorbar([m], [i], xerr=[[m - lo], [hi - m]], fmt="o", color=colors(i), capsize=3)
-    left.set(xlabel="layer l", ylabel="mean Ψ_l over seeds", title="Ψ profile")
-    left.legend(fontsize=7, frameon=False)
-    right.set_yticks(range(len(shown)), [CONDITIONS[c] for c in shown], fontsize=8)
+        right.errorbar([m], [i], xerr=[[m - lo], [hi - m]], fmt=MARKERS[i % len(MARKERS)], color=colours[c],
+                       capsize=3)
+    left.set(xlabel=r"layer $\ell$", ylabel=r"mean $\Psi_\ell$ over seeds", title=r"$\Psi_\ell$ per layer")
+    right.set_yticks(range(len(shown)), [LABELS.get(c, CONDITIONS[c]) for c in shown], fontsize=8.5)
     right.invert_yaxis()
-    right.set(xlabel="ζ_L (%), mean and 95% t interval", title="final-layer jump rate")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    right.set(xlabel=r"$\zeta_L$ (%): mean, 95% t interval", title="final-layer jump rate")
+    left.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    legend(fig, *left.get_legend_handles_labels())
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 
