@@ -138,7 +138,8 @@ def others(tmp_path_factory):
 
 
 def condition(label):
-    """The condition a legend label names ("base ...", "out/kjv/base $\\zeta_L$", "JREG $\\alpha$ = 1: ..."), or None."""
+    """The condition a legend label names ("base ...", "out/kjv/base $\\zeta_L$", "JREG $\\alpha$ = 1: ..."), or
+    None."""
     return next((c for c, text in LABELS.items() if label.startswith(text)), None) or \
         role(re.split(r" \(| \$|:", label)[0])
 
