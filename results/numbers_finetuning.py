@@ -114,5 +114,14 @@ def sft_skip_finding():
             f"{last['sft_jreg_a1_off']:+.4f} without it; the baseline's {last['sft_base']:+.4f}). One run each.")
 
 
+def chat_profile_tokens():
+    """docs/evaluation.md's example of a profile's token count below --profile_tokens: the fine-tuning windows'
+    (results/sft_kjv/profile_chat.json)."""
+    d = json.load(open(os.path.join(ROOT, "results", "sft_kjv", "profile_chat.json")))
+    p = d["models"]["base"]["profile"]
+    return (f"{p['n_tokens']:,} of {d['config']['profile_tokens']:,} on the fine-tuning windows of "
+            f"[finetuning.md](finetuning.md), {p['assistant']['n_tokens']:,} of them before an answer token")
+
+
 BLOCKS = {"sft-table": sft_table, "sft-finding": sft_finding, "sft-readme": sft_readme, "packing-effect": packing_effect,
-          "sft-skip-finding": sft_skip_finding}
+          "sft-skip-finding": sft_skip_finding, "chat-profile-tokens": chat_profile_tokens}

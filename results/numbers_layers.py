@@ -218,8 +218,16 @@ def survey_table():
     return table(json.load(open(os.path.join(LAYERS, "survey", "survey.json")))["models"])
 
 
+def smollm2_load():
+    """How long loading SmolLM2's GGUF file took in the survey (results/layers/survey/survey.json), for
+    docs/evaluation.md."""
+    models = json.load(open(os.path.join(LAYERS, "survey", "survey.json")))["models"]
+    smol = next(r for name, r in models.items() if name.endswith(".gguf"))
+    return f"{smol['load_s']:.0f} s for SmolLM2 in the survey of [layers.md](layers.md#survey-surveypy)"
+
+
 BLOCKS = {"smollm2-finding": smollm2_finding, "smollm2-profile-finding": smollm2_profile_finding,
           "smollm2-tasks": smollm2_tasks, "smollm2-early-exit": smollm2_early_exit,
           "smollm2-exit-finding": smollm2_exit_finding, "kjv-exit-finding": kjv_exit_finding, "kjv-tasks": kjv_tasks,
           "kjv-boolq": kjv_boolq, "kjv-lens": kjv_lens, "kjv-lens-finding": kjv_lens_finding,
-          "survey-table": survey_table, "survey-finding": survey_finding}
+          "survey-table": survey_table, "survey-finding": survey_finding, "smollm2-load": smollm2_load}

@@ -610,3 +610,30 @@ BLOCKS = {"kjv-setup": kjv_setup, "kjv-scale": kjv_scale, "kjv-seeds": lambda: s
           "kjv600-runs": kjv600_runs, "kjv600-layers": kjv600_layers, "kjv600-finding": kjv600_finding,
           "cpu-loss": cpu_loss_table, "cpu-profile": cpu_profile_table, "cpu-finding": cpu_finding,
           "determinism": determinism, "quickstart-time": quickstart_time}
+
+
+def kjv_bytes_manifest():
+    """The manifest of the quick start's byte-level KJV (prepare_fineweb.py's record of data/kjv_bytes, committed as
+    results/kjv/kjv_bytes_manifest.json)."""
+    return json.load(open(os.path.join(KJV, "kjv_bytes_manifest.json")))
+
+
+def kjv_data():
+    """docs/data.md's line on the byte-level KJV: its tokens, documents and shards, as the preparation recorded them."""
+    m = kjv_bytes_manifest()
+    val = sum(s["num_tokens"] for s in m["shards"] if s["split"] == "val")
+    train = sum(s["split"] == "train" for s in m["shards"])
+    return (f"The KJV in bytes (`results/kjv/kjv_bytes_manifest.json`, the manifest of the quick start's "
+            f"`data/kjv_bytes`): {m['tokens']:,} tokens, {m['documents']:,} documents; val {val:,} tokens, "
+            f"{train} train shards.")
+
+
+def kjv_corpus():
+    """The byte-level KJV's size for docs/reproduction.md: one token per UTF-8 byte plus one end-of-text a document."""
+    m = kjv_bytes_manifest()
+    return (f"{m['tokens']:,} byte-level tokens, its {m['tokens'] - m['documents']:,} UTF-8 bytes and an end-of-text "
+            f"before each of its {m['documents']:,} documents")
+
+
+BLOCKS.update({"kjv-data": kjv_data, "kjv-corpus": kjv_corpus, "kjv-params": lambda: f"{kjv_params():,} parameters",
+               "kjv-size": lambda: f"{kjv_params() / 1e6:.1f}M-parameter"})

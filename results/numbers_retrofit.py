@@ -203,6 +203,40 @@ def retrofit_tokens(pretraining=2e12):
             f"pre-training ({pretraining / 1e12:.0f}T tokens)")
 
 
+def retrofit_data():
+    """The retrofit's data, the KJV in SmolLM2's tokenizer: its tokens and documents as the tokenizer benchmark counted
+    them on the same file (results/speed/tokenize_kjv_smollm2.json)."""
+    r = json.load(open(os.path.join(ROOT, "results", "speed", "tokenize_kjv_smollm2.json")))["results"]
+    return f"{r['tokens']:,} tokens, {r['documents']:,} verses"
+
+
+def retrofit_time():
+    """The runs' training time, the sum of their logged steps (batch tokens / tok_per_s of each step's record)."""
+    minutes = {}
+    for run in ("base", "jreg", "jreg_normed"):
+        steps = [r for r in map(json.loads, open(os.path.join(RETRO, f"{run}_log.jsonl"))) if "tok_per_s" in r]
+        assert [r["step"] for r in steps] == list(range(1, len(steps) + 1)), run        # every step logged once
+        tokens = [b["tokens"] - a["tokens"] for a, b in zip([{"tokens": 0}] + steps, steps)]
+        minutes[run] = sum(t / r["tok_per_s"] for t, r in zip(tokens, steps)) / 60
+    return (f"Time: the training steps took {minutes['base']:.0f} min (base) and {minutes['jreg']:.0f} min (jreg), the "
+            f"two runs side by side on 2 cores (one thread each) with the source's evaluation beside them, and "
+            f"{minutes['jreg_normed']:.0f} min (jreg_normed), alone on 2 cores after them: the sum of each log's steps "
+            f"(tokens / `tok_per_s`), evaluations and checkpoints not counted (`results/retrofit/*_log.jsonl`).")
+
+
+def retrofit_noise():
+    """The tasks' binomial standard errors at 50 documents (results/retrofit/before.json, after_*.json) and that of the
+    mean of the eight."""
+    runs = retrofit_runs()[0].values()
+    tasks = [[t for t in r["results"].values() if "acc" in t] for r in runs]
+    se, mean = [t["acc_stderr"] for ts in tasks for t in ts], [mean_acc_se(r)[1] for r in runs]
+    (n,), (k,) = {t["n"] for ts in tasks for t in ts}, {len(ts) for ts in tasks}     # the same in every run
+    return (f"The tasks use {n} documents each: a task's accuracy has a standard error of {min(se):.2f}–{max(se):.2f}, "
+            f"the mean of {({8: 'eight'}).get(k, k)} about {sum(mean) / len(mean):.3f} (at most "
+            f"{math.sqrt(0.25 / n) / math.sqrt(k):.3f}, at an accuracy of one half)")
+
+
 BLOCKS = {"retrofit-finding": retrofit_finding, "retrofit-table": retrofit_table, "retrofit-training": retrofit_training,
           "retrofit-tasks": retrofit_tasks, "retrofit-exit": retrofit_exit, "retrofit-moved": retrofit_moved,
-          "retrofit-normed": retrofit_normed, "retrofit-tokens": retrofit_tokens}
+          "retrofit-normed": retrofit_normed, "retrofit-tokens": retrofit_tokens, "retrofit-data": retrofit_data,
+          "retrofit-time": retrofit_time, "retrofit-noise": retrofit_noise}

@@ -203,7 +203,35 @@ def retrofit_full_scale(mfus=(0.40, 0.30)):
             + f" on {GPUS} H100 (not measured: no GPU run yet)")
 
 
+def full_scale_assumptions(mfu=MFU, peak=PEAK, gpus=GPUS):
+    """docs/speed.md's statement of what the full-scale estimate assumes (the constants above)."""
+    return f"the tokens/s assume {100 * mfu:.0f}% MFU on {gpus} × H100 SXM ({peak / 1e12:.0f} TFLOP/s dense bf16 each)"
+
+
+def checkpoint_bytes(size="3.4b"):
+    """Not a measurement: a checkpoint's bytes at a paper's size, its fp32 weights and AdamW's two fp32 moments (12
+    bytes a parameter; the parameter count as bench.py --memory recorded it in memory_8gpu.json)."""
+    return 12 * full_scale_hours()[size][0]["params"]
+
+
+def about(n):
+    """n bytes in GB to two significant digits, as an estimate is written."""
+    return f"~{float(f'{n:.2g}') / 1e9:.0f} GB"
+
+
+def checkpoint_size():
+    """docs/training.md's size of a 3.4B checkpoint."""
+    return f"a 3.4B checkpoint is {about(checkpoint_bytes())} (fp32 weights and AdamW's two moments, 12 bytes a parameter)"
+
+
+def checkpoints_kept():
+    """docs/training.md's bytes of the checkpoints configs/3.4b.py keeps for good (every keep_every-th step)."""
+    steps, every = config_values("configs/3.4b.py", "max_steps", "keep_every")
+    return f"at 3.4B that is {about(steps // every * checkpoint_bytes())}"
+
+
 BLOCKS = {"loss-chunks": loss_chunks, "speed-training": speed_training, "speed-generation": speed_generation, "speed-against": speed_against,
           "memory-probe": memory_probe, "memory-table": memory_table, "full-scale-estimate": full_scale_estimate,
           "tokenize-speed": tokenize_speed, "readme-estimate": readme_estimate, "param-counts": param_counts,
-          "retrofit-full-scale": retrofit_full_scale}
+          "retrofit-full-scale": retrofit_full_scale, "full-scale-assumptions": full_scale_assumptions,
+          "ckpt-size": checkpoint_size, "ckpt-kept": checkpoints_kept}
