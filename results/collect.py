@@ -79,7 +79,7 @@ PLACES = {
                          "retrofit-full-scale"),
     "docs/speed.md": ("speed-training", "speed-against", "loss-chunks", "speed-generation", "full-scale-assumptions",
                       "full-scale-estimate"),
-    "docs/training.md": ("ckpt-size", "ckpt-kept", "memory-table", "memory-probe"),
+    "docs/training.md": ("gradient-copy", "ckpt-size", "ckpt-kept", "memory-table", "memory-probe"),
 }
 
 # numbers in prose that are neither results nor settings: each phrase as the pages write it

@@ -208,6 +208,11 @@ def full_scale_assumptions(mfu=MFU, peak=PEAK, gpus=GPUS):
     return f"the tokens/s assume {100 * mfu:.0f}% MFU on {gpus} × H100 SXM ({peak / 1e12:.0f} TFLOP/s dense bf16 each)"
 
 
+def gradient_copy():
+    """docs/training.md's fp32 gradient copy that gradient_as_bucket_view saves, at 170M (4 bytes a parameter)."""
+    return f"{4 * full_scale_hours()['170m'][0]['params'] / 1e9:.2f} GB at 170M"
+
+
 def checkpoint_bytes(size="3.4b"):
     """Not a measurement: a checkpoint's bytes at a paper's size, its fp32 weights and AdamW's two fp32 moments (12
     bytes a parameter; the parameter count as bench.py --memory recorded it in memory_8gpu.json)."""
@@ -234,4 +239,4 @@ BLOCKS = {"loss-chunks": loss_chunks, "speed-training": speed_training, "speed-g
           "memory-probe": memory_probe, "memory-table": memory_table, "full-scale-estimate": full_scale_estimate,
           "tokenize-speed": tokenize_speed, "readme-estimate": readme_estimate, "param-counts": param_counts,
           "retrofit-full-scale": retrofit_full_scale, "full-scale-assumptions": full_scale_assumptions,
-          "ckpt-size": checkpoint_size, "ckpt-kept": checkpoints_kept}
+          "ckpt-size": checkpoint_size, "ckpt-kept": checkpoints_kept, "gradient-copy": gradient_copy}
