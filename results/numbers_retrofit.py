@@ -158,8 +158,8 @@ def retrofit_moved():
   {ev('jreg', 20) - ev('base', 20):+.4f} after the first 20 steps.
 - **Tasks**: continued pre-training on the KJV cost both runs about the same (mean acc {avg['before']['acc']:.4f} → {avg['after_base']['acc']:.4f} base,
   {avg['after_jreg']['acc']:.4f} jreg; acc_norm {avg['before']['acc_norm']:.3f} → {avg['after_base']['acc_norm']:.3f}, {avg['after_jreg']['acc_norm']:.3f}); jreg vs base is {avg['after_jreg']['acc'] - avg['after_base']['acc']:+.3f} acc and
-  {avg['after_jreg']['acc_norm'] - avg['after_base']['acc_norm']:+.3f} acc_norm, inside the noise (the standard error of a mean of eight tasks at n = 50 is
-  about 0.025). One run each, so no interval. Early exit differs between JREG and the baseline by at most {exit_gap:.3f} at
+  {avg['after_jreg']['acc_norm'] - avg['after_base']['acc_norm']:+.3f} acc_norm, inside the noise (the standard error of a mean of {noise_bound()[1]} tasks at n = {noise_bound()[0]} is
+  at most {noise_bound()[2]:.3f}). One run each, so no interval. Early exit differs between JREG and the baseline by at most {exit_gap:.3f} at
   any layer from 20 on: the last block still does most of the work of reading out (the logit-lens loss falls from
   h_{{L−1}} to h_L by {lens(src):.2f} nats in the source model, {src['logit_lens_loss'][-2]:.3f} → {src['logit_lens_loss'][-1]:.3f}, and by {lens(base):.2f}, {lens(jreg):.2f} and {lens(normed):.2f} nats
   after the baseline, JREG and JREG-on-the-normed-h_L runs, to {min(finals):.2f}–{max(finals):.2f}; removing the last block costs
@@ -189,7 +189,7 @@ def retrofit_normed():
   penalty. The gap was {ev('jreg_normed', 20) - ev('base', 20):+.3f} at step 20. A likely reason, not tested here: the normed h_L is the vector
   the head reads, so turning it costs the next-token loss directly.
 - **Tasks and reading out**: mean acc {avg['after_jreg_normed']['acc']:.4f} and acc_norm {avg['after_jreg_normed']['acc_norm']:.4f} (base {avg['after_base']['acc']:.4f} / {avg['after_base']['acc_norm']:.4f}, jreg
-  {avg['after_jreg']['acc']:.4f} / {avg['after_jreg']['acc_norm']:.4f}), inside the noise of 50 documents a task (about 0.025 for the mean of eight).
+  {avg['after_jreg']['acc']:.4f} / {avg['after_jreg']['acc_norm']:.4f}), inside the noise of {noise_bound()[0]} documents a task (at most {noise_bound()[2]:.3f} for the mean of {noise_bound()[1]}).
   The logit lens reads layer L−1 better (loss {normed['logit_lens_loss'][-2]:.3f} vs {base['logit_lens_loss'][-2]:.3f} for the baseline and {jreg['logit_lens_loss'][-2]:.3f} for jreg). Block L
   matters less: removing it costs {normed['skip_block_loss_increase'][-1]:+.3f} nats against {min(skip):+.3f} to {max(skip):+.3f}. Early exit at layer 29: {exit29:.3f}."""
 
@@ -222,6 +222,14 @@ def retrofit_time():
             f"two runs side by side on 2 cores (one thread each) with the source's evaluation beside them, and "
             f"{minutes['jreg_normed']:.0f} min (jreg_normed), alone on 2 cores after them: the sum of each log's steps "
             f"(tokens / `tok_per_s`), evaluations and checkpoints not counted (`results/retrofit/*_log.jsonl`).")
+
+
+def noise_bound():
+    """(documents a task, tasks, the standard error of the mean of the tasks' accuracies at an accuracy of one half:
+    its largest), from the runs' task results."""
+    tasks = [[t for t in r["results"].values() if "acc" in t] for r in retrofit_runs()[0].values()]
+    (n,), (k,) = {t["n"] for ts in tasks for t in ts}, {len(ts) for ts in tasks}     # the same in every run
+    return n, k, math.sqrt(0.25 / n) / math.sqrt(k)
 
 
 def retrofit_noise():
