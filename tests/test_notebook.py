@@ -1,27 +1,129 @@
-"""notebooks/tour.ipynb runs top to bottom without an error, executed by nbclient as notebooks/run.py executes it,
-in its fast mode (JREG_NOTEBOOK_FAST=1: a slice of the KJV and two 4-step runs in a temporary folder, the committed
-notebook untouched); and the committed notebook holds the outputs of a full run, in order, without an error."""
+"""notebooks/tour.ipynb runs top to bottom without an error, executed by `notebooks/run.py --fast` (a slice of the KJV
+and runs of a few steps in a temporary folder, the committed notebook untouched), which says that its numbers mean
+nothing; the runner, stopped by SIGTERM or killed by SIGKILL while the notebook trains, leaves no training process
+behind; the exercise's check tells jreg.py as shipped from jreg.py with docs/ablations.md's edit; and the committed
+notebook holds the outputs of a full run, in order, without an error."""
+import glob
 import importlib.util
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import nbformat
+import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "tour.ipynb")
 
 
-def test_the_tour_runs_without_an_error(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("notebook_run", os.path.join(ROOT, "notebooks", "run.py"))
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
-    monkeypatch.setenv("JREG_NOTEBOOK_FAST", "1")
+def notebook_module(name):
+    spec = importlib.util.spec_from_file_location(f"notebook_{name}", os.path.join(ROOT, "notebooks", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_tour_runs_without_an_error(tmp_path, capsys):
     before = os.path.getmtime(NOTEBOOK)
-    nb = run.execute(out=str(tmp_path / "tour.ipynb"))               # a cell that raises: CellExecutionError here
+    notebook_module("run").main(["--fast", "--out", str(tmp_path / "tour.ipynb")])   # a cell that raises: here
+    assert "FAST MODE" in capsys.readouterr().err                                   # the runner's banner
     assert os.path.getmtime(NOTEBOOK) == before
+    nb = nbformat.read(tmp_path / "tour.ipynb", as_version=4)
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
-    assert all(cell.outputs for cell in code)
+    assert all(cell.outputs for cell in code[1:])                   # all but the knobs print or draw
     images = [o for cell in code for o in cell.outputs if "image/png" in o.get("data", {})]
-    assert len(images) == 3                                            # Ψ and ζ, the weights, the layer analysis
+    assert len(images) == 5             # Ψ and ζ, ζ_L over training, the weights, the layer analysis, the λ sweep
+    text = "".join(o.get("text", "") for cell in code for o in cell.outputs)
+    assert "FAST MODE" in text and "not yet added" in text and "skipped until" in text
+    assert "trained before, reused" not in text                     # the fast mode's runs are its own
+
+
+def trainers(folder):
+    """{pid: command line} of the processes whose command line holds train.py and `folder`."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:                                             # ended meanwhile
+            continue
+        if "train.py" in cmdline and str(folder) in cmdline:
+            found[int(pid)] = cmdline
+    return found
+
+
+def finished_runs(folder):
+    """The run folders under folder/*/ that hold a checkpoint at their max_steps."""
+    found = []
+    for path in glob.glob(os.path.join(folder, "*", "*", "config.json")):
+        steps = json.load(open(path))["config"]["max_steps"]
+        ckpts = [os.path.basename(c) for c in glob.glob(os.path.join(os.path.dirname(path), "ckpt_*"))]
+        if any(int(c[5:].removesuffix(".pt")) >= steps for c in ckpts if not c.endswith(".tmp")):
+            found.append(os.path.dirname(path))
+    return found
+
+
+@pytest.mark.allow_skip
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
+def test_a_stopped_runner_leaves_no_training_behind(tmp_path, sig):
+    """The runner in its fast mode (the notebook's temporary folder in tmp_path, through TMPDIR), signalled as soon as
+    its first training runs have started: within 30 s no process of them is left, and none trained on to its end."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "JREG_NOTEBOOK_FAST": "1"}
+    with open(tmp_path / "runner.log", "w") as log:
+        runner = subprocess.Popen([sys.executable, os.path.join(ROOT, "notebooks", "run.py"), "--out",
+                                   str(tmp_path / "tour.ipynb")], cwd=ROOT, env=env, stdout=log, stderr=log)
+    try:
+        deadline = time.time() + 120
+        while not trainers(tmp_path) and runner.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        assert trainers(tmp_path), "no training started:\n" + open(tmp_path / "runner.log").read()[-3000:]
+        runner.send_signal(sig)
+        runner.wait(60)
+        deadline = time.time() + 30
+        while trainers(tmp_path) and time.time() < deadline:
+            time.sleep(0.2)
+        left, finished = trainers(tmp_path), finished_runs(tmp_path)
+        assert not left, f"left running after {sig.name} to the runner: " + "; ".join(
+            f"pid {pid} (parent {open(f'/proc/{pid}/stat').read().split()[3]}): {cmd}" for pid, cmd in left.items())
+        assert not finished, f"trained on to their last step after {sig.name} to the runner: {finished}"
+    finally:
+        runner.kill()
+        for pid in trainers(tmp_path):
+            os.kill(pid, signal.SIGKILL)
+
+
+def edited_jreg(folder, diff):
+    """jreg.py with a diff of docs/ablations.md applied, written into folder (each hunk's context and - lines occur
+    once in the file, as whole lines)."""
+    source = "\n" + open(os.path.join(ROOT, "jreg.py")).read()
+    for hunk in diff.split("\n@@")[1:]:
+        lines = [line for line in hunk.split("\n")[1:] if line]
+        old = "".join(f"\n{line[1:]}" for line in lines if line[0] in " -") + "\n"
+        new = "".join(f"\n{line[1:]}" for line in lines if line[0] in " +") + "\n"
+        assert source.count(old) == 1, f"docs/ablations.md's diff no longer applies to jreg.py:{old}"
+        source = source.replace(old, new)
+    (folder / "jreg.py").write_text(source[1:])
+    return str(folder)
+
+
+def test_the_exercise_check_tells_the_edit(tmp_path, capsys):
+    """The exercise's check on jreg.py as shipped, with the diff the notebook prints applied, and with wrong weights."""
+    tour_runs = notebook_module("tour_runs")
+    diff = tour_runs.edit_from_docs("linear")
+    assert diff.startswith("--- a/jreg.py\n") and '"linear"' in diff
+    l = torch.arange(1, 9, dtype=torch.float32)
+    expected = (l / l.sum()).tolist()
+    assert not tour_runs.check_weighting("linear", expected)
+    assert "not yet added" in capsys.readouterr().out
+    edited = edited_jreg(tmp_path, diff)
+    assert tour_runs.check_weighting("linear", expected, pythonpath=edited)
+    assert capsys.readouterr().out.startswith("added:")
+    assert not tour_runs.check_weighting("linear", expected[::-1], pythonpath=edited)
+    assert "added, but" in capsys.readouterr().out
 
 
 def test_the_committed_tour_holds_the_outputs_of_a_full_run():
@@ -31,4 +133,5 @@ def test_the_committed_tour_holds_the_outputs_of_a_full_run():
     outputs = [o for cell in code for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     text = "".join(o.get("text", "") for o in outputs)
-    assert "jreg_tour_" not in text and "at step 300" in text            # the quick start's runs, not the fast mode's
+    assert "jreg_tour_" not in text and "FAST MODE" not in text     # not the fast mode's
+    assert "at step 300" in text and "λ = 10 " in text              # the quick start's runs, and the whole sweep
