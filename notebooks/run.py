@@ -21,6 +21,7 @@ import time
 try:
     import nbformat
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
 except ImportError:
     sys.exit("error: executing the notebook needs nbclient, nbformat and ipykernel: pip install nbclient==0.11.0 "
              "nbformat==5.11.1 ipykernel==7.4.0 (requirements-dev.txt)")
@@ -32,18 +33,22 @@ BANNER = ("=" * 100 + "\nFAST MODE: a smoke test. The notebook runs on a slice o
 
 
 def progress_hooks(client, nb):
-    """A line per code cell on stderr: its number and first line as it starts, its time as it ends."""
+    """A line per code cell on stderr: its number and first line other than an import as it starts, its time as it
+    ends."""
     code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
     t0, started = time.time(), {}
 
     def start(cell, cell_index):
         if cell_index in code:
-            first = next((line for line in cell.source.splitlines() if line.strip()), "")
-            print(f"cell {code.index(cell_index) + 1:2d}/{len(code)}  {first[:70]:70s} ", end="", file=sys.stderr, flush=True)
+            lines = [line for line in cell.source.splitlines() if line.strip()]
+            first = next((line for line in lines if not line.startswith(("import ", "from ", "sys.path"))), lines[0])
+            print(f"cell {code.index(cell_index) + 1:2d}/{len(code)}  {first[:70]:70s} ", end="", file=sys.stderr,
+                  flush=True)
             started[cell_index] = time.time()
 
     def executed(cell, cell_index, execute_reply):
-        print(f"{time.time() - started[cell_index]:5.0f} s  ({time.time() - t0:.0f} s in all)", file=sys.stderr, flush=True)
+        print(f"{time.time() - started[cell_index]:5.0f} s  ({time.time() - t0:.0f} s in all)", file=sys.stderr,
+              flush=True)
 
     client.on_cell_start, client.on_cell_executed = start, executed
 
@@ -75,8 +80,11 @@ def main(argv=None):
     t0 = time.time()
     try:
         execute(out=out, fast=fast, progress=True)
-    except KeyboardInterrupt:
-        sys.exit("\ninterrupted: nothing written")
+    except CellExecutionError:                       # a cell raised: its error
+        raise
+    except (KeyboardInterrupt, Exception) as e:      # Ctrl-C, SIGTERM: nbclient shuts the kernel down (DeadKernelError)
+        sys.exit(f"\nstopped ({type(e).__name__}: {e}): the kernel is shut down, and the training runs it started "
+                 "stop with it; nothing written")
     print(f"{os.path.relpath(out or NOTEBOOK)}: executed in {time.time() - t0:.0f} s", file=sys.stderr)
     if fast:
         print(BANNER, file=sys.stderr)

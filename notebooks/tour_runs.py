@@ -35,9 +35,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = os.environ.get("JREG_NOTEBOOK_FAST") == "1"
 QUICK = os.environ.get("JREG_QUICKSTART_OUT", "out/quickstart")   # where quickstart.sh trained (its OUT)
 DATA = "data/kjv_bytes"                                           # and the shards it prepared
-# continuing the baseline (the λ sweep, the exercise): lr 1e-3, no warm-up, 2,048 tokens a step (8 windows of 256)
-CONTINUE = ["--lr=1e-3", "--warmup_steps=0", "--eval_interval=0", "--batch_tokens=2048", "--micro_batch=8"]
-FAST_STEPS, FAST_BATCH = 2, ["--batch_tokens=1024", "--micro_batch=4"]
+# continuing the baseline (the λ sweep, the exercise): lr 1e-3, no warm-up, 2,048 tokens a step (8 windows of 256);
+# evaluated at its start and end on the 128 validation windows the notebook profiles (eval_batches x micro_batch)
+CONTINUE = ["--lr=1e-3", "--warmup_steps=0", "--batch_tokens=2048", "--micro_batch=8", "--eval_batches=16"]
+FAST_STEPS, FAST_BATCH = 2, ["--batch_tokens=1024", "--micro_batch=4"]             # and 4 windows
 BANNER = ("FAST MODE (JREG_NOTEBOOK_FAST=1): a smoke test on a slice of the text with runs of a few steps. "
           "It checks that every cell runs; the numbers and plots below are NOT meaningful results.")
 
@@ -124,15 +125,16 @@ class Tour:
 
     def sweep(self, lambdas, alpha, weighting, steps):
         """{λ: run folder}: the baseline continued for `steps` steps (fast mode: FAST_STEPS) with JREG at each λ, this
-        α and weighting, two runs at a time; runs already trained (the same folder name) are reused."""
+        α and weighting, two runs at a time, each evaluated at its start and end (its log.jsonl: zeta_log); runs
+        already trained (the same folder name) are reused."""
         steps = FAST_STEPS if FAST else steps
         runs = {lam: f"{self.out}/sweep/lambda{lam:g}_alpha{alpha:g}_{weighting}_{steps}steps" for lam in lambdas}
         tokens = int(next(a for a in self.continue_batch if a.startswith("--batch_tokens="))[15:])
         print(f"{len(runs)} runs of {steps} steps x {tokens:,} tokens from {self.runs['base']}, two at a time")
         train({run: ["configs/kjv_jreg.py", f"--init_from={self.runs['base']}", f"--out_dir={run}",
                      f"--data_dir={self.data}", f"--jreg_lambda={lam}", f"--jreg_alpha={alpha}",
-                     f"--jreg_weighting={weighting}", f"--max_steps={steps}", f"--ckpt_interval={steps}",
-                     "--keep_ckpts=1", *self.continue_batch] for lam, run in runs.items()})
+                     f"--jreg_weighting={weighting}", f"--max_steps={steps}", f"--eval_interval={steps}",
+                     f"--ckpt_interval={steps}", "--keep_ckpts=1", *self.continue_batch] for lam, run in runs.items()})
         return runs
 
     def close(self):
@@ -167,7 +169,7 @@ def start():
         prepare(f"{out}/kjv_bytes", "--val_tokens", "20000", "--shard_tokens", "50000", "--max_tokens", "70000")
         runs = train_pair(out, f"--data_dir={out}/kjv_bytes", *FAST_BATCH, "--max_steps=4", "--warmup_steps=2",
                           "--eval_interval=2", "--ckpt_interval=4")
-        return Tour(f"{out}/kjv_bytes", out, runs, FAST_BATCH + CONTINUE[:3])
+        return Tour(f"{out}/kjv_bytes", out, runs, FAST_BATCH + CONTINUE[:2] + ["--eval_batches=1"])
     if done(f"{QUICK}/base") and done(f"{QUICK}/jreg"):
         return Tour(DATA, "out/tour", {"base": f"{QUICK}/base", "jreg": f"{QUICK}/jreg"}, CONTINUE)
     if not os.path.exists(f"{DATA}/manifest.json"):
@@ -185,8 +187,9 @@ def elapsed():
 
 
 def zeta_log(run):
-    """ζ_L over training from run/log.jsonl: {"step", "zeta_L"} of the step records (ζ_L of each step's training
-    batch) and {"eval_step", "eval_zeta_L", "val_loss"} of the eval records (the fixed validation windows)."""
+    """ζ over training from run/log.jsonl: {"step", "zeta_L"} of the step records (ζ_L of each step's training batch)
+    and {"eval_step", "eval_zeta" (ζ_2..ζ_L), "eval_zeta_L", "val_loss"} of the eval records (the fixed validation
+    windows, as profile_model measures them)."""
     records = []
     for line in open(os.path.join(run, "log.jsonl")):
         try:
@@ -196,7 +199,8 @@ def zeta_log(run):
     steps = [r for r in records if r.get("zeta_L") is not None]
     evals = [r for r in records if "val_loss" in r and r.get("zeta")]
     return {"step": [r["step"] for r in steps], "zeta_L": [r["zeta_L"] for r in steps],
-            "eval_step": [r["step"] for r in evals], "eval_zeta_L": [r["zeta"][-1] for r in evals],
+            "eval_step": [r["step"] for r in evals], "eval_zeta": [r["zeta"] for r in evals],
+            "eval_zeta_L": [r["zeta"][-1] for r in evals],
             "val_loss": [r["val_loss"] for r in evals]}
 
 
