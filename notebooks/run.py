@@ -1,7 +1,7 @@
 """
 Execute notebooks/tour.ipynb top to bottom and write it back with its outputs (what a code host shows):
 
-    python notebooks/run.py                       # after bash quickstart.sh: in place (about 3 minutes on 2 cores)
+    python notebooks/run.py                       # after bash quickstart.sh: in place (about a minute on 2 cores)
     python notebooks/run.py --out OTHER.ipynb     # the executed copy elsewhere, the committed notebook untouched
     python notebooks/run.py --fast                # a smoke test: a slice of the text and runs of a few steps in a
                                                   # temporary folder; its numbers mean nothing, and the executed copy

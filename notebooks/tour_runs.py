@@ -4,7 +4,7 @@ The runs notebooks/tour.ipynb opens and trains, kept out of its cells:
     tour = start()             the quick start's baseline and JREG runs, loaded (trained here first where missing)
     tour.sweep(lambdas, ...)   the baseline continued with JREG at each λ; a run already trained is reused
     train(jobs)                python train.py runs, two at a time, one thread each, a line as each ends
-    zeta_log(run)              ζ_L over training, from the run's log.jsonl
+    zeta_log(run)              ζ over training, from the run's log.jsonl
     seed_runs()                the committed 5-seed study (results/kjv/seeds/*.json)
     edit_from_docs(name), check_weighting(name, expected)    the exercise: docs/ablations.md's diff, and whether
                                jreg.py (as train.py would import it) has it
@@ -16,7 +16,7 @@ The training runs are child processes, and they end with the kernel that started
   - each is started through this file run as a script (`launch`), which asks Linux (prctl PR_SET_PDEATHSIG) to send it
     SIGTERM when its parent dies, however the parent dies (killed, SIGKILL included), and then becomes train.py;
   - `train` stops its runs before it returns on any error, KeyboardInterrupt included (Jupyter's stop button).
-On SIGTERM or SIGINT train.py saves a checkpoint and stops; the next `train` of the same folder resumes it.
+On SIGTERM or SIGINT train.py saves a checkpoint and stops; the next `train` of the same folder resumes from it.
 Only the standard library is imported at the top, so the launcher starts quickly.
 """
 import ctypes
@@ -86,11 +86,12 @@ def stop(jobs, wait=20):
 def train(jobs, at_once=2):
     """Train each {run folder: train.py arguments} not already done, at most `at_once` at a time, printing a line as
     each ends. Raises if a run fails or stops short of its max_steps; stops the others first, whatever ends it."""
-    waiting = [(run, args) for run, args in jobs.items() if not done(run)]
-    for run in jobs:
-        if not any(run == r for r, _ in waiting):
+    waiting, running, t0 = [], {}, time.time()
+    for run, args in jobs.items():
+        if done(run):
             print(f"  {run}: trained before, reused")
-    running, t0 = {}, time.time()
+        else:
+            waiting.append((run, args))
     try:
         while waiting or running:
             while waiting and len(running) < at_once:
@@ -130,7 +131,8 @@ class Tour:
         steps = FAST_STEPS if FAST else steps
         runs = {lam: f"{self.out}/sweep/lambda{lam:g}_alpha{alpha:g}_{weighting}_{steps}steps" for lam in lambdas}
         tokens = int(next(a for a in self.continue_batch if a.startswith("--batch_tokens="))[15:])
-        print(f"{len(runs)} runs of {steps} steps x {tokens:,} tokens from {self.runs['base']}, two at a time")
+        print(f"{len(runs)} run{'s' * (len(runs) > 1)} of {steps} steps x {tokens:,} tokens from "
+              f"{self.runs['base']}, two at a time")
         train({run: ["configs/kjv_jreg.py", f"--init_from={self.runs['base']}", f"--out_dir={run}",
                      f"--data_dir={self.data}", f"--jreg_lambda={lam}", f"--jreg_alpha={alpha}",
                      f"--jreg_weighting={weighting}", f"--max_steps={steps}", f"--eval_interval={steps}",
@@ -225,6 +227,7 @@ def edit_from_docs(name):
 
 CHECK = """
 import json, sys
+sys.path[:0] = sys.argv[3:]                        # a folder searched first (the tests' edited jreg.py)
 import config, jreg
 name, n_layer = sys.argv[1], int(sys.argv[2])
 found = {"weightings": list(jreg.WEIGHTINGS)}
@@ -242,11 +245,13 @@ def check_weighting(name, expected, pythonpath=None):
     """Whether jreg.py, imported afresh as train.py imports it, has the weighting `name` with these weights (a list,
     w_1..w_L), and train.py accepts --jreg_weighting=name. Prints what it found; returns True or False.
     pythonpath: a folder searched before the repository (the tests: an edited copy of jreg.py)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pythonpath, ROOT]))}
-    found = json.loads(subprocess.run([sys.executable, "-c", CHECK, name, str(len(expected))], cwd=ROOT, env=env,
-                                      capture_output=True, text=True, check=True).stdout)
+    argv = [sys.executable, "-c", CHECK, name, str(len(expected)), *([pythonpath] if pythonpath else [])]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    found = json.loads(done.stdout) if done.returncode == 0 else {}
     weights = found.get("weights")
-    if name not in found["weightings"]:
+    if done.returncode:                                # an edit that breaks the import: its error's last line
+        print(f"jreg.py does not import as train.py imports it: {done.stderr.strip().splitlines()[-1]}")
+    elif name not in found["weightings"]:
         print(f"not yet added: jreg.WEIGHTINGS is {tuple(found['weightings'])}, without {name!r}")
     elif "error" in found:
         print(f"not yet working: {found['error']}")

@@ -1,8 +1,8 @@
 """notebooks/tour.ipynb runs top to bottom without an error, executed by `notebooks/run.py --fast` (a slice of the KJV
 and runs of a few steps in a temporary folder, the committed notebook untouched), which says that its numbers mean
-nothing; the runner, stopped by SIGTERM or killed by SIGKILL while the notebook trains, leaves no training process
-behind; the exercise's check tells jreg.py as shipped from jreg.py with docs/ablations.md's edit; and the committed
-notebook holds the outputs of a full run, in order, without an error."""
+nothing; the runner, stopped by SIGTERM, SIGHUP (its terminal closed) or SIGKILL while the notebook trains, leaves no
+training process behind; the exercise's check tells jreg.py as shipped from jreg.py with docs/ablations.md's edit; and
+the committed notebook holds the outputs of a full run, in order, without an error."""
 import glob
 import importlib.util
 import json
@@ -68,7 +68,7 @@ def finished_runs(folder):
 
 @pytest.mark.allow_skip
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda sig: sig.name)
 def test_a_stopped_runner_leaves_no_training_behind(tmp_path, sig):
     """The runner in its fast mode (the notebook's temporary folder in tmp_path, through TMPDIR), signalled as soon as
     its first training runs have started: within 30 s no process of them is left, and none trained on to its end."""
@@ -111,7 +111,8 @@ def edited_jreg(folder, diff):
 
 
 def test_the_exercise_check_tells_the_edit(tmp_path, capsys):
-    """The exercise's check on jreg.py as shipped, with the diff the notebook prints applied, and with wrong weights."""
+    """The exercise's check on jreg.py as shipped, with the diff the notebook prints applied, with wrong weights, and
+    with an edit that does not import."""
     tour_runs = notebook_module("tour_runs")
     diff = tour_runs.edit_from_docs("linear")
     assert diff.startswith("--- a/jreg.py\n") and '"linear"' in diff
@@ -124,6 +125,9 @@ def test_the_exercise_check_tells_the_edit(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("added:")
     assert not tour_runs.check_weighting("linear", expected[::-1], pythonpath=edited)
     assert "added, but" in capsys.readouterr().out
+    (tmp_path / "jreg.py").write_text(diff)                        # the diff pasted as it is: not Python
+    assert not tour_runs.check_weighting("linear", expected, pythonpath=edited)
+    assert "jreg.py does not import" in capsys.readouterr().out
 
 
 def test_the_committed_tour_holds_the_outputs_of_a_full_run():
