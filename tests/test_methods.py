@@ -200,7 +200,7 @@ def test_the_comparisons_p_values_intervals_and_holm(tmp_path, monkeypatch):
                    "skip_block_loss_increase": [0.1, 0.2]}
         (runs / f"{condition}_{cpu}_seed{seed}.json").write_text(json.dumps(
             {"condition": condition, "seed": seed, "machine": {"cpu": cpu, "commit": "c"}, "profile": profile,
-             "seconds_per_step": 1.0}))
+             "seconds_per_step": 1.0, "last_step": {"step": 300}}))
     for s in range(5):
         write("base", s, 3.0 + 0.1 * s)
         write("lns", s, 0.1 * s)                                      # ζ_L 3 lower, every seed
@@ -209,5 +209,6 @@ def test_the_comparisons_p_values_intervals_and_holm(tmp_path, monkeypatch):
     table = N.comparison()
     lns = next(line for line in table.splitlines() if line.startswith("| LayerNorm Scaling"))
     peri = next(line for line in table.splitlines() if line.startswith("| Peri-LN"))
-    assert "-3.00 [-3.00, -3.00] p=0.000*" in lns and "*" not in peri.split("|")[4]
+    assert "-3.00 [-3.00, -3.00] p<0.001*" in lns and "*" not in peri.split("|")[4]
     assert "1 runs from another machine or commit left out" in table and "Mix-LN (0 of 5)" in table
+    assert "The steps of the 15 runs add up to 75 min" in table                  # 15 runs × 300 steps × 1 s
