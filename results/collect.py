@@ -128,10 +128,10 @@ def around(text, m, words=4):
     return " ".join(before + [f"[{m.group()}]"] + after)
 
 
-def unsourced(text):
-    """The result-like numbers of text's prose that no settings file holds, each with the words around it: a result
-    belongs in a generated block (a number some block writes is not enough: the sentence may quote it wrongly)."""
-    outside, known = prose(text), settings_numbers()
+def unsourced(text, known):
+    """The result-like numbers of text's prose not in known (the settings files'), each with the words around it: a
+    result belongs in a generated block (a number some block writes is not enough: the sentence may quote it wrongly)."""
+    outside = prose(text)
     return [around(outside, m) for m in RESULT_LIKE.finditer(outside) if m.group().replace(",", "") not in known]
 
 
@@ -161,7 +161,9 @@ def misplaced():
 def problems(generated):
     """What fails the check besides a stale block, as printable paragraphs."""
     out = []
-    loose = [f"{page}: {line}" for page in pages() for line in unsourced(open(os.path.join(ROOT, page)).read())]
+    known = settings_numbers()
+    loose = [f"{page}: {line}" for page in pages()
+             for line in unsourced(open(os.path.join(ROOT, page)).read(), known)]
     if loose:
         out.append("result-like numbers outside the generated blocks that no settings file holds (generate them from a "
                    "committed file, or name the phrase in results/collect.py's FACTS):\n  " + "\n  ".join(loose))
@@ -196,9 +198,10 @@ def main(argv):
         if refused:
             print("\n".join(refused) + f"\nerror: {LEDGER} not written: the problems above first")
             return 1
+        lines = prose_numbers()
         with open(os.path.join(ROOT, LEDGER), "w") as f:
-            f.write("\n".join(prose_numbers()) + "\n")
-        print(f"wrote {LEDGER}: {len(prose_numbers())} numbers in the prose of {len(pages())} pages")
+            f.write("\n".join(lines) + "\n")
+        print(f"wrote {LEDGER}: {len(lines)} numbers in the prose of {len(pages())} pages")
         return 0
     numbers_reproduction.plots(*numbers_reproduction.seed_study())
     numbers_methods.plot()

@@ -54,7 +54,7 @@ def t_p(diff):
         return float("nan") if n < 2 else (0.0 if m else 1.0)
     t, df = abs(m) / (sd / math.sqrt(n)), n - 1
     c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
-    top, steps = math.atan(t / math.sqrt(df)), 20000                  # x = √df·tan θ: ∫ f over [t, ∞) as θ in [top, π/2)
+    top, steps = math.atan(t / math.sqrt(df)), 20000          # x = √df·tan θ: ∫ f over [t, ∞) as θ in [top, π/2)
     h = (math.pi / 2 - top) / steps
     f = lambda th: c * math.sqrt(df) * math.cos(th) ** (df - 1)        # noqa: E731  f(x) dx in θ
     return 2 * h * (f(top) / 2 + sum(f(top + i * h) for i in range(1, steps)) + f(math.pi / 2) / 2)
@@ -242,7 +242,8 @@ def family(runs, seeds):
 def tested(fam, key):
     """A comparison's p and whether it survives Holm's correction over the family, as the text says it."""
     _, p, adjusted = fam[key]
-    return f"{p_text(p).replace('=', ' = ').replace('<', ' < ')}, {'' if adjusted < 0.05 else 'not '}surviving Holm's correction"
+    said = p_text(p).replace("=", " = ").replace("<", " < ")
+    return f"{said}, {'' if adjusted < 0.05 else 'not '}surviving Holm's correction"
 
 
 def sign_p(n):

@@ -68,7 +68,8 @@ def finding():
     worse = [c for c in d if d[c][2] < 0.05 and d[c][0][0] > 0]
     better = [c for c in d if d[c][0][0] < 0 and d[c][0][2] < 0]
     named = lambda cs: ", ".join(CONDITIONS[c] for c in cs) or "none"                  # noqa: E731
-    cell = lambda c, note="": f"{CONDITIONS[c]} {repro.interval(d[c][0], 4)} ({repro.p_text(d[c][1])}{note})"  # noqa: E731
+    cell = lambda c, note="": (                                                        # noqa: E731
+        f"{CONDITIONS[c]} {repro.interval(d[c][0], 4)} ({repro.p_text(d[c][1])}{note})")
     zs = {c: [zeta(r) for r in by[c].values()] for c in CONDITIONS if by[c] and c not in zero}
     dz = differences(by, zeta)
     held = [c for c in dz if dz[c][2] >= 0.05]
