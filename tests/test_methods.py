@@ -152,9 +152,9 @@ ALL_ON = ["--layernorm_scaling=True", "--mix_ln=0.25", "--peri_ln=True", "--back
           "--jreg_lambda=1.0"]
 
 
-@pytest.mark.parametrize("mode,nproc", [("ddp", 2), ("fsdp", 2), ("fsdp", 1)])
+@pytest.mark.parametrize("mode,nproc", [("ddp", 2), ("ddp", 1), ("fsdp", 2), ("fsdp", 1)])
 def test_every_method_on_two_processes_matches_one_and_resumes(data_dir, tmp_path, mode, nproc):
-    """All five at once (and JREG): torchrun's gloo processes, DDP on two, FSDP2 on one and two, give one plain
+    """All five at once (and JREG): torchrun's gloo processes, DDP and FSDP2 on one and on two, give one plain
     process's numbers; the run resumes to the same numbers as one that ran through; evaluate.py profiles it."""
     args = ["--max_steps=4", "--eval_interval=4", "--ckpt_interval=2", *ALL_ON]
     one, one_eval = run(data_dir, tmp_path / "one", *args)
