@@ -301,4 +301,10 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except SystemExit as e:       # an error line in one write: two processes' lines on one pipe never interleave
+        if not isinstance(e.code, str):
+            raise
+        sys.stderr.write(e.code + "\n")
+        sys.exit(1)

@@ -167,6 +167,22 @@ def test_processes_that_would_start_from_different_checkpoints_refuse_in_one_lin
     assert (tmp_path / "node0" / "log.jsonl").read_text() == log_before and not (tmp_path / "node1").exists()
 
 
+def test_an_error_line_is_one_write_so_two_processes_lines_never_interleave(tmp_path):
+    """Under torchrun every rank writes to one stderr pipe, unbuffered on clusters (PYTHONUNBUFFERED=1). train.py writes
+    an error as one line in one write. (Before: Python's own exit printed the message and its newline in two writes,
+    and another rank's line landed between them: "...file system)error: the processes..." on one line.)"""
+    (tmp_path / "bad.py").write_text("no_such_setting = 1\n")
+    probe = ("import runpy, sys\nwrites = []\nclass Pipe:\n    def write(self, s): writes.append(s); return len(s)\n"
+             "    def flush(self): pass\nsys.stderr = Pipe()\nimport atexit\n"
+             "atexit.register(lambda: sys.__stdout__.write(repr(writes)))\n"
+             f"sys.argv = ['train.py', {str(tmp_path / 'bad.py')!r}]\nrunpy.run_path('train.py', run_name='__main__')\n")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=HERE, timeout=120,
+                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    writes = eval(r.stdout)
+    assert r.returncode == 1 and len(writes) == 1 and writes[0].startswith("error: ") and writes[0].endswith("\n") \
+        and "no_such_setting" in writes[0], (writes, r.stderr)
+
+
 def test_fsdp_groups_the_root_as_torchtitan_and_gathers_in_the_chosen_dtype(one_process_group):
     """The embedding is its own FSDP group, resharded after forward, so the root keeps only the final norm and head
     gathered (the backward starts there: torchtitan's grouping); fsdp_param_dtype=bfloat16 gathers the weights in
