@@ -14,13 +14,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = ["--max_steps=300", "--eval_interval=50", "--ckpt_interval=300", "--keep_ckpts=1"]   # as quickstart.sh
 
 
-def train_and_profile(config, folder, seed):
-    """Train config into folder with this seed at the quick start's budget, then profile it: {config, evals (the
+def train_and_profile(config, folder, seed, *settings):
+    """Train config into folder with this seed (and any --key=value settings) at the quick start's budget, then
+    profile it: {config, evals (the
     periodic val loss, Ψ, ζ), steps (every 10th), last_step, profile, step_seconds (each step's wall-clock)}."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = lambda *cmd: subprocess.run([sys.executable, *cmd], cwd=ROOT, env=env, check=True,   # noqa: E731
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    run("train.py", config, f"--out_dir={folder}", f"--seed={seed}", *STEPS)
+    run("train.py", config, f"--out_dir={folder}", f"--seed={seed}", *STEPS, *settings)
     run("evaluate.py", folder, "--profile", "--out", os.path.join(folder, "profile.json"))
     records = [json.loads(line) for line in open(os.path.join(folder, "log.jsonl"))]
     steps = [r for r in records if "loss" in r]

@@ -8,7 +8,11 @@ step kept. Writes results/methods/runs/CONDITION_seedN.json: the settings, the p
 last step, the profile, the seconds per step, and the machine and commit it ran on (runs from another machine or
 commit are kept apart by the comparison). A rerun goes on where it stopped. Needs data/kjv_bytes (quickstart.sh).
 
+The learning-rate check (--lr_check): is the study's lr = 3e-3 near each method's best at this budget? Seed 1337 of
+every condition but the combination, at half, one and two times that lr, into results/methods/lr_runs/.
+
     python results/methods/run_methods.py [--out out/methods] [--jobs 2]   # 40 runs
+    python results/methods/run_methods.py --lr_check                       # 21 runs
 """
 import argparse
 import os
@@ -25,6 +29,8 @@ CONDITIONS = {"base": "configs/kjv.py", "jreg_a1": "configs/kjv_jreg.py", "lns":
               "early_exit": "configs/kjv_early_exit.py", "backout": "configs/kjv_backout.py",
               "jreg_lns": "configs/kjv_jreg_lns.py"}
 SEEDS = [1337, 1, 2, 3, 4]
+LRS = [1.5e-3, 3e-3, 6e-3]                                                     # the lr check: the study's lr, ½ and 2×
+LR_CONDITIONS = {f"{c}_lr{lr:g}": (c, lr) for c in CONDITIONS if c != "jreg_lns" for lr in LRS}
 
 
 def machine():
@@ -37,13 +43,13 @@ def machine():
     return {"cpu": cpu, "torch": torch.__version__, "commit": commit.strip() or None}
 
 
-def one_run(condition, seed, out_root, where):
-    name = f"{condition}_seed{seed}"
-    out = {"run": name, "condition": condition, "seed": seed, "machine": where,
-           **train_and_profile(CONDITIONS[condition], os.path.join(out_root, name), seed)}
+def one_run(condition, seed, out_root, where, lr=None, folder="runs"):
+    name = condition + (f"_lr{lr:g}" if lr else "") + f"_seed{seed}"
+    out = {"run": name, "condition": condition, "seed": seed, "lr": lr, "machine": where, **train_and_profile(
+        CONDITIONS[condition], os.path.join(out_root, name), seed, *([f"--lr={lr!r}"] if lr else []))}
     seconds = sorted(out.pop("step_seconds"))
     out["seconds_per_step"] = seconds[len(seconds) // 2]                       # the median: no warm-up outlier
-    save(out, os.path.join(HERE, "runs", f"{name}.json"))
+    save(out, os.path.join(HERE, folder, f"{name}.json"))
     print(f"{name}: {out['seconds_per_step']:.2f} s a step, val loss {out['evals'][-1]['val_loss']:.4f}, ζ_L "
           f"{out['profile']['zeta'][-1]:.2f}", flush=True)
 
@@ -52,9 +58,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", default="out/methods", help="the run folders")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
+    p.add_argument("--lr_check", action="store_true", help="seed 1337 of each method at each of LRS instead")
     args = p.parse_args()
     where = machine()
     print(f"on {where['cpu']}, commit {where['commit']}", flush=True)
+    if args.lr_check:
+        run_pending(lambda c, s: one_run(LR_CONDITIONS[c][0], s, args.out, where, LR_CONDITIONS[c][1], "lr_runs"),
+                    LR_CONDITIONS, [1337], os.path.join(HERE, "lr_runs"), args.jobs)
+        return
     run_pending(lambda c, s: one_run(c, s, args.out, where), CONDITIONS, SEEDS, os.path.join(HERE, "runs"), args.jobs)
 
 
