@@ -212,3 +212,30 @@ def test_the_comparisons_p_values_intervals_and_holm(tmp_path, monkeypatch):
     assert "-3.00 [-3.00, -3.00] p<0.001*" in lns and "*" not in peri.split("|")[4]
     assert "1 runs from another machine or commit left out" in table and "Mix-LN (0 of 5)" in table
     assert "The steps of the 15 runs add up to 75 min" in table                  # 15 runs × 300 steps × 1 s
+
+
+def test_the_learning_rate_check_marks_each_methods_best_and_checks_the_study(tmp_path, monkeypatch):
+    """The learning-rate check (run_methods.py --lr_check, numbers_methods.lr_check/lr_finding): each row's lowest loss
+    is marked, a method whose best lr is not the study's is named with its lr, each best is set against the baseline's
+    best, and the runs at the study's lr are compared with the study's own seed-1337 runs (equal, or by how much not)."""
+    sys.path.insert(0, os.path.join(HERE, "results", "methods"))
+    import numbers_methods as N
+    monkeypatch.setattr(N, "HERE", str(tmp_path))
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "lr_runs").mkdir()
+
+    def write(folder, condition, loss, lr=None, seed=1337):
+        run = {"condition": condition, "seed": seed, "lr": lr, "machine": {"cpu": "X", "commit": "c"},
+               "profile": {"loss": loss, "zeta": [0.0, 1.0]}, "seconds_per_step": 1.0, "last_step": {"step": 300}}
+        (tmp_path / folder / f"{condition}_{lr}_seed{seed}.json").write_text(json.dumps(run))
+    for c, losses in {"base": (1.50, 1.45, 1.47), "periln": (1.80, 1.70, 1.52)}.items():
+        for lr, loss in zip((1.5e-3, 3e-3, 6e-3), losses):
+            write("lr_runs", c, loss, lr)
+        write("runs", c, losses[1])
+    table, finding = N.lr_check(), N.lr_finding()
+    assert "| baseline | 1.5000 (1.00) | **1.4500** (1.00) | 1.4700 (1.00) |" in table
+    assert "| Peri-LN | 1.8000 (1.00) | 1.7000 (1.00) | **1.5200** (1.00) |" in table
+    assert "the 2 runs give the study's seed-1337 numbers to the last digit" in table
+    assert "best of the three for baseline; Peri-LN does best at 6e-3" in finding and "Peri-LN +0.0700" in finding
+    write("runs", "periln", 1.7001)                                 # the study's run differs: said, with how much
+    assert "differ from the study's seed-1337 runs by up to 0.0001" in N.lr_check()

@@ -31,6 +31,8 @@ METRICS = {"val_loss": ("val loss", 4, lambda r: r["profile"]["loss"]),
            "lens_mid": ("lens h_3..h_{L−1} (nats)", 3,
                         lambda r: repro.LAYER_ROWS["lens_mid"][2](r["profile"])),
            "step_s": ("s a step", 3, lambda r: r["seconds_per_step"])}
+STUDY_LR = 3e-3                                                  # configs/kjv.py's lr, which every condition trains at
+lr_text = lambda lr: f"{lr * 1e3:g}e-3"                          # noqa: E731  (1.5e-3, 3e-3, 6e-3)
 
 
 def runs():
@@ -166,7 +168,68 @@ def plot(path=os.path.join(HERE, "methods.png")):
     return path
 
 
-BLOCKS = {"methods-table": comparison, "methods-finding": finding}
+def lr_runs():
+    """{condition: {lr: run}} of the learning-rate check (run_methods.py --lr_check: seed 1337 at ½, 1 and 2 × the
+    study's lr)."""
+    by = {}
+    for path in sorted(glob.glob(os.path.join(HERE, "lr_runs", "*.json"))):
+        r = json.load(open(path))
+        by.setdefault(r["condition"], {})[r["lr"]] = r
+    return {c: by[c] for c in CONDITIONS if c in by}
+
+
+def lr_check():
+    """The learning-rate check's table: each method's validation loss and ζ_L at each lr (seed 1337), the best of the
+    three marked, and whether the runs at the study's lr give the study's own numbers (same seed, later commit)."""
+    by = lr_runs()
+    if not by:
+        return "No runs yet: python results/methods/run_methods.py --lr_check."
+    lrs = sorted({lr for v in by.values() for lr in v})
+    loss, zeta = METRICS["val_loss"][2], METRICS["zeta_L"][2]
+    lines = ["| seed 1337, 300 steps | " + " | ".join(f"lr {lr_text(lr)}: val loss (ζ_L)" for lr in lrs) + " |",
+             "|---" * (len(lrs) + 1) + "|"]
+    for c, v in by.items():
+        best = min(v, key=lambda lr: loss(v[lr]))
+        lines.append(f"| {CONDITIONS[c]} | " + " | ".join(
+            "" if lr not in v else ("**{:.4f}** ({:.2f})" if lr == best else "{:.4f} ({:.2f})").format(
+                loss(v[lr]), zeta(v[lr])) for lr in lrs) + " |")
+    study, _ = runs()
+    same = [(c, loss(v[STUDY_LR]) - loss(study[c][1337])) for c, v in by.items()
+            if STUDY_LR in v and 1337 in study.get(c, {})]
+    commits = sorted({r["machine"]["commit"] for v in by.values() for r in v.values()})
+    return "\n".join(lines) + (
+        f"\n\nThe validation loss and ζ_L of evaluate.py's profile after 300 steps at each learning rate (the peak of "
+        f"the schedule; warm-up and decay as configs/kjv.py), seed 1337 only, commit {', '.join(commits)}; bold: the "
+        "lowest loss of the row. One seed tells apart only differences well above the seeds' spread of the paired "
+        f"differences (the table above). At lr {lr_text(STUDY_LR)} " + (
+            f"the {len(same)} runs give the study's seed-1337 numbers to the last digit (a later commit, the same "
+            "arithmetic)." if all(d == 0 for _, d in same) else
+            "the runs differ from the study's seed-1337 runs by up to "
+            f"{max(abs(d) for _, d in same):.2g} in validation loss (a later commit)."))
+
+
+def lr_finding():
+    """What the learning-rate check says: each method's best of the three learning rates, and its loss there against
+    the baseline's best."""
+    by = lr_runs()
+    if "base" not in by:
+        return "No runs yet: python results/methods/run_methods.py --lr_check."
+    loss, lrs = METRICS["val_loss"][2], {lr for v in by.values() for lr in v}
+    waiting = [CONDITIONS[c] for c in by if set(by[c]) != lrs]
+    by = {c: v for c, v in by.items() if set(v) == lrs}                  # the rows with every lr
+    best = {c: min(v, key=lambda lr: loss(v[lr])) for c, v in by.items()}
+    base = loss(by["base"][best["base"]])
+    moved = [c for c in by if best[c] != STUDY_LR]
+    return (f"With seed 1337, the study's lr {lr_text(STUDY_LR)} is the best of the three for "
+            + (", ".join(CONDITIONS[c] for c in by if c not in moved) or "no condition")
+            + ("; " + ", ".join(f"{CONDITIONS[c]} does best at {lr_text(best[c])}" for c in moved) if moved else "")
+            + ". Each at its own best lr against the baseline at its own: "
+            + ", ".join(f"{CONDITIONS[c]} {loss(by[c][best[c]]) - base:+.4f}" for c in by if c != "base") + "."
+            + (f" Not yet run at every lr: {', '.join(waiting)}." if waiting else ""))
+
+
+BLOCKS = {"methods-table": comparison, "methods-finding": finding, "methods-lr": lr_check,
+          "methods-lr-finding": lr_finding}
 
 if __name__ == "__main__":
     print(comparison())
