@@ -70,7 +70,7 @@ PLACES = {
     "docs/finetuning.md": ("packing-effect", "kjv-size", "sft-table", "sft-skip-finding", "sft-finding", "kjv-size"),
     "docs/layers.md": ("smollm2-profile-finding", "smollm2-early-exit", "smollm2-exit-finding", "kjv-exit-finding",
                        "kjv-tasks", "kjv-boolq", "kjv-lens", "kjv-lens-finding", "survey-table", "survey-finding"),
-    "docs/methods.md": ("methods-finding", "methods-table", "methods-lr-finding", "methods-lr"),
+    "docs/methods.md": ("methods-finding", "methods-table", "methods-lr-finding", "methods-lr", "methods-lr-seeds"),
     "docs/reproduction.md": ("quickstart-time", "kjv-seeds", "kjv-paired", "kjv-finding", "kjv-alpha3", "kjv-runs",
                              "kjv-layers", "kjv-layers-finding", "cpu-loss", "cpu-profile", "cpu-finding",
                              "kjv-corpus", "kjv-params", "kjv600-runs", "kjv600-layers", "kjv600-finding", "kjv-size"),

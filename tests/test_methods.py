@@ -217,7 +217,8 @@ def test_the_comparisons_p_values_intervals_and_holm(tmp_path, monkeypatch):
 def test_the_learning_rate_check_marks_each_methods_best_and_checks_the_study(tmp_path, monkeypatch):
     """The learning-rate check (run_methods.py --lr_check, numbers_methods.lr_check/lr_finding): each row's lowest loss
     is marked, a method whose best lr is not the study's is named with its lr, each best is set against the baseline's
-    best, and the runs at the study's lr are compared with the study's own seed-1337 runs (equal, or by how much not)."""
+    best, and the runs at the study's lr are compared with the study's own seed-1337 runs (equal, or by how much
+    not); a method at its own lr over seeds is paired with the study's baseline."""
     sys.path.insert(0, os.path.join(HERE, "results", "methods"))
     import numbers_methods as N
     monkeypatch.setattr(N, "HERE", str(tmp_path))
@@ -226,7 +227,8 @@ def test_the_learning_rate_check_marks_each_methods_best_and_checks_the_study(tm
 
     def write(folder, condition, loss, lr=None, seed=1337):
         run = {"condition": condition, "seed": seed, "lr": lr, "machine": {"cpu": "X", "commit": "c"},
-               "profile": {"loss": loss, "zeta": [0.0, 1.0]}, "seconds_per_step": 1.0, "last_step": {"step": 300}}
+               "profile": {"loss": loss, "zeta": [0.0, 1.0], "psi": [0.1, 0.2], "logit_lens_loss": [3] * 6,
+                           "skip_block_loss_increase": [0.1, 0.2]}, "seconds_per_step": 1.0, "last_step": {"step": 300}}
         (tmp_path / folder / f"{condition}_{lr}_seed{seed}.json").write_text(json.dumps(run))
     for c, losses in {"base": (1.50, 1.45, 1.47), "periln": (1.80, 1.70, 1.52)}.items():
         for lr, loss in zip((1.5e-3, 3e-3, 6e-3), losses):
@@ -236,6 +238,14 @@ def test_the_learning_rate_check_marks_each_methods_best_and_checks_the_study(tm
     assert "| baseline | 1.5000 (1.00) | **1.4500** (1.00) | 1.4700 (1.00) |" in table
     assert "| Peri-LN | 1.8000 (1.00) | 1.7000 (1.00) | **1.5200** (1.00) |" in table
     assert "the 2 runs give the study's seed-1337 numbers to the last digit" in table
-    assert "best of the three for baseline; Peri-LN does best at 6e-3" in finding and "Peri-LN +0.0700" in finding
+    assert "best of those run for baseline; Peri-LN does best at 6e-3 (the highest run: Peri-LN" in finding
+    assert "Peri-LN +0.0700" in finding and "No method at an lr of its own" in N.lr_seeds()
+    for seed, (base, peri) in enumerate(((1.46, 1.50), (1.44, 1.49), (1.47, 1.52), (1.45, 1.50)), start=1):
+        write("runs", "base", base, seed=seed)                      # the other seeds: Peri-LN at 6e-3 costs 0.04-0.07
+        write("lr_runs", "periln", peri, 6e-3, seed=seed)
+    seeds = N.lr_seeds().splitlines()[2]
+    by_hand = "| Peri-LN at lr 6e-3 | 1, 2, 3, 4, 1337 | +0.0520 [+0.0384, +0.0656] p<0.001* |"   # 2.776 · 0.011 / √5
+    assert seeds.startswith(by_hand)
+    assert "| baseline | 1.5000 (1.00) |" in N.lr_check()           # the lr table stays seed 1337's
     write("runs", "periln", 1.7001)                                 # the study's run differs: said, with how much
     assert "differ from the study's seed-1337 runs by up to 0.0001" in N.lr_check()

@@ -169,24 +169,23 @@ def plot(path=os.path.join(HERE, "methods.png")):
 
 
 def lr_runs():
-    """{condition: {lr: run}} of the learning-rate check (run_methods.py --lr_check: seed 1337 at ½, 1 and 2 × the
-    study's lr)."""
+    """{condition: {lr: {seed: run}}} of the learning-rate check (run_methods.py --lr_check)."""
     by = {}
     for path in sorted(glob.glob(os.path.join(HERE, "lr_runs", "*.json"))):
         r = json.load(open(path))
-        by.setdefault(r["condition"], {})[r["lr"]] = r
+        by.setdefault(r["condition"], {}).setdefault(r["lr"], {})[r["seed"]] = r
     return {c: by[c] for c in CONDITIONS if c in by}
 
 
 def lr_check():
-    """The learning-rate check's table: each method's validation loss and ζ_L at each lr (seed 1337), the best of the
-    three marked, and whether the runs at the study's lr give the study's own numbers (same seed, later commit)."""
-    by = lr_runs()
+    """The learning-rate check's table: each method's validation loss and ζ_L at each lr (seed 1337), the lowest loss
+    of the row marked, and whether the runs at the study's lr give the study's own numbers (same seed, later commit)."""
+    by = {c: {lr: v[1337] for lr, v in lrs.items() if 1337 in v} for c, lrs in lr_runs().items()}
     if not by:
         return "No runs yet: python results/methods/run_methods.py --lr_check."
     lrs = sorted({lr for v in by.values() for lr in v})
     loss, zeta = METRICS["val_loss"][2], METRICS["zeta_L"][2]
-    lines = ["| seed 1337, 300 steps | " + " | ".join(f"lr {lr_text(lr)}: val loss (ζ_L)" for lr in lrs) + " |",
+    lines = ["| seed 1337, 300 steps | " + " | ".join(f"lr {lr_text(lr)}" for lr in lrs) + " |",
              "|---" * (len(lrs) + 1) + "|"]
     for c, v in by.items():
         best = min(v, key=lambda lr: loss(v[lr]))
@@ -198,38 +197,66 @@ def lr_check():
             if STUDY_LR in v and 1337 in study.get(c, {})]
     commits = sorted({r["machine"]["commit"] for v in by.values() for r in v.values()})
     return "\n".join(lines) + (
-        f"\n\nThe validation loss and ζ_L of evaluate.py's profile after 300 steps at each learning rate (the peak of "
-        f"the schedule; warm-up and decay as configs/kjv.py), seed 1337 only, commit {', '.join(commits)}; bold: the "
-        "lowest loss of the row. One seed tells apart only differences well above the seeds' spread of the paired "
-        f"differences (the table above). At lr {lr_text(STUDY_LR)} " + (
+        "\n\nEach cell: the validation loss (ζ_L in brackets) of evaluate.py's profile after 300 steps at that peak "
+        f"learning rate (warm-up and decay as configs/kjv.py), seed 1337, commit {', '.join(commits)}; bold: the "
+        "lowest loss of the row; a blank was not run. One seed tells apart only differences well above the spread "
+        f"of the paired differences over seeds (the table above). At lr {lr_text(STUDY_LR)} " + (
             f"the {len(same)} runs give the study's seed-1337 numbers to the last digit (a later commit, the same "
-            "arithmetic)." if all(d == 0 for _, d in same) else
+            "arithmetic), so these runs and the study's pair up." if all(d == 0 for _, d in same) else
             "the runs differ from the study's seed-1337 runs by up to "
             f"{max(abs(d) for _, d in same):.2g} in validation loss (a later commit)."))
 
 
+def lr_seeds():
+    """Each method at an lr of its own with more than one seed, against the study's baseline (lr 3e-3, its best) of
+    the same seed: the metrics of the table above with their intervals, p and Holm's correction across these rows."""
+    study, _ = runs()
+    rows = {(c, lr): v for c, lrs in lr_runs().items() for lr, v in lrs.items()
+            if lr != STUDY_LR and len(set(v) & set(study.get("base", {}))) > 1}
+    if not rows:
+        return "No method at an lr of its own over several seeds yet: run_methods.py --lr_check --seeds 1,2,3,4 ..."
+    metrics = {m: METRICS[m] for m in METRICS if m != "step_s"}
+    cells = {}
+    for m, (_, digits, f) in metrics.items():
+        tested = {}
+        for (c, lr), v in rows.items():
+            diff = [f(v[s]) - f(study["base"][s]) for s in sorted(set(v) & set(study["base"]))]
+            tested[c, lr] = (repro.t_interval(diff), repro.t_p(diff))
+        for key, ((t, p), a) in zip(tested, zip(tested.values(), repro.holm([p for _, p in tested.values()]))):
+            cells[key, m] = f"{repro.interval(t, digits)} {repro.p_text(p)}" + ("*" if a < 0.05 else "")
+    lines = ["| − baseline at lr 3e-3, same seed | seeds | " + " | ".join(l for l, _, _ in metrics.values()) + " |",
+             "|---" * (len(metrics) + 2) + "|"]
+    for (c, lr), v in rows.items():
+        lines.append(f"| {CONDITIONS[c]} at lr {lr_text(lr)} | {', '.join(map(str, sorted(v)))} | "
+                     + " | ".join(cells[(c, lr), m] for m in metrics) + " |")
+    return "\n".join(lines) + (
+        "\n\nAs the table above (paired over seeds, 95% t interval, p; * survives Holm's correction across these "
+        f"{len(rows)} rows), against the study's baseline runs at its own best lr. The lr was chosen on seed 1337, "
+        "which is one of the seeds: the other seeds are the test.")
+
+
 def lr_finding():
-    """What the learning-rate check says: each method's best of the three learning rates, and its loss there against
-    the baseline's best."""
-    by = lr_runs()
+    """What the learning-rate check says: each method's best lr of those run, and its loss there against the
+    baseline's best (seed 1337)."""
+    by = {c: {lr: v[1337] for lr, v in lrs.items() if 1337 in v} for c, lrs in lr_runs().items()}
     if "base" not in by:
         return "No runs yet: python results/methods/run_methods.py --lr_check."
-    loss, lrs = METRICS["val_loss"][2], {lr for v in by.values() for lr in v}
-    waiting = [CONDITIONS[c] for c in by if set(by[c]) != lrs]
-    by = {c: v for c, v in by.items() if set(v) == lrs}                  # the rows with every lr
+    loss = METRICS["val_loss"][2]
     best = {c: min(v, key=lambda lr: loss(v[lr])) for c, v in by.items()}
+    edge = [c for c in by if best[c] == max(by[c]) and best[c] != STUDY_LR]
     base = loss(by["base"][best["base"]])
     moved = [c for c in by if best[c] != STUDY_LR]
-    return (f"With seed 1337, the study's lr {lr_text(STUDY_LR)} is the best of the three for "
+    return (f"With seed 1337, the study's lr {lr_text(STUDY_LR)} is the best of those run for "
             + (", ".join(CONDITIONS[c] for c in by if c not in moved) or "no condition")
             + ("; " + ", ".join(f"{CONDITIONS[c]} does best at {lr_text(best[c])}" for c in moved) if moved else "")
+            + (f" (the highest run: {', '.join(CONDITIONS[c] for c in edge)} might do better higher still)"
+               if edge else "")
             + ". Each at its own best lr against the baseline at its own: "
-            + ", ".join(f"{CONDITIONS[c]} {loss(by[c][best[c]]) - base:+.4f}" for c in by if c != "base") + "."
-            + (f" Not yet run at every lr: {', '.join(waiting)}." if waiting else ""))
+            + ", ".join(f"{CONDITIONS[c]} {loss(by[c][best[c]]) - base:+.4f}" for c in by if c != "base") + ".")
 
 
 BLOCKS = {"methods-table": comparison, "methods-finding": finding, "methods-lr": lr_check,
-          "methods-lr-finding": lr_finding}
+          "methods-lr-finding": lr_finding, "methods-lr-seeds": lr_seeds}
 
 if __name__ == "__main__":
     print(comparison())

@@ -9,10 +9,13 @@ last step, the profile, the seconds per step, and the machine and commit it ran 
 commit are kept apart by the comparison). A rerun goes on where it stopped. Needs data/kjv_bytes (quickstart.sh).
 
 The learning-rate check (--lr_check): is the study's lr = 3e-3 near each method's best at this budget? Seed 1337 of
-every condition but the combination, at half, one and two times that lr, into results/methods/lr_runs/.
+every condition but the combination, at half, one and two times that lr, into results/methods/lr_runs/; then a wider
+lr where a best lies at the edge, and the other seeds at a method's best lr, to compare it with the baseline there.
 
     python results/methods/run_methods.py [--out out/methods] [--jobs 2]   # 40 runs
     python results/methods/run_methods.py --lr_check                       # 21 runs
+    python results/methods/run_methods.py --lr_check --lrs 1.2e-2 --conditions base,lns,mixln
+    python results/methods/run_methods.py --lr_check --lrs 6e-3 --conditions mixln --seeds 1,2,3,4
 """
 import argparse
 import os
@@ -29,8 +32,7 @@ CONDITIONS = {"base": "configs/kjv.py", "jreg_a1": "configs/kjv_jreg.py", "lns":
               "early_exit": "configs/kjv_early_exit.py", "backout": "configs/kjv_backout.py",
               "jreg_lns": "configs/kjv_jreg_lns.py"}
 SEEDS = [1337, 1, 2, 3, 4]
-LRS = [1.5e-3, 3e-3, 6e-3]                                                     # the lr check: the study's lr, ½ and 2×
-LR_CONDITIONS = {f"{c}_lr{lr:g}": (c, lr) for c in CONDITIONS if c != "jreg_lns" for lr in LRS}
+LRS = "1.5e-3,3e-3,6e-3"                                                       # the lr check: the study's lr, ½ and 2×
 
 
 def machine():
@@ -58,13 +60,22 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", default="out/methods", help="the run folders")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
-    p.add_argument("--lr_check", action="store_true", help="seed 1337 of each method at each of LRS instead")
+    p.add_argument("--lr_check", action="store_true", help="the learning-rate check instead, into lr_runs/")
+    p.add_argument("--lrs", default=LRS, help=f"with --lr_check: the learning rates (default {LRS})")
+    p.add_argument("--conditions", default=",".join(c for c in CONDITIONS if c != "jreg_lns"),
+                   help="with --lr_check: the conditions (default: all but jreg_lns)")
+    p.add_argument("--seeds", default="1337", help="with --lr_check: the seeds (default 1337)")
     args = p.parse_args()
     where = machine()
     print(f"on {where['cpu']}, commit {where['commit']}", flush=True)
     if args.lr_check:
-        run_pending(lambda c, s: one_run(LR_CONDITIONS[c][0], s, args.out, where, LR_CONDITIONS[c][1], "lr_runs"),
-                    LR_CONDITIONS, [1337], os.path.join(HERE, "lr_runs"), args.jobs)
+        lrs = [float(lr) for lr in args.lrs.split(",")]
+        grid = {f"{c}_lr{lr:g}": (c, lr) for c in args.conditions.split(",") for lr in lrs}
+        unknown = sorted({c for c, _ in grid.values()} - set(CONDITIONS))
+        if unknown:
+            raise SystemExit(f"error: no condition {', '.join(unknown)} (conditions: {', '.join(CONDITIONS)})")
+        run_pending(lambda c, s: one_run(grid[c][0], s, args.out, where, grid[c][1], "lr_runs"), grid,
+                    [int(s) for s in args.seeds.split(",")], os.path.join(HERE, "lr_runs"), args.jobs)
         return
     run_pending(lambda c, s: one_run(c, s, args.out, where), CONDITIONS, SEEDS, os.path.join(HERE, "runs"), args.jobs)
 
