@@ -238,12 +238,15 @@ def test_the_learning_rate_check_marks_each_methods_best_and_checks_the_study(tm
     assert "| baseline | 1.5000 (1.00) | **1.4500** (1.00) | 1.4700 (1.00) |" in table
     assert "| Peri-LN | 1.8000 (1.00) | 1.7000 (1.00) | **1.5200** (1.00) |" in table
     assert "the 2 runs give the study's seed-1337 numbers to the last digit" in table
-    assert "best of those run for baseline; Peri-LN does best at 6e-3 (the highest run: Peri-LN" in finding
+    assert "best of those run for baseline; Peri-LN does best at 6e-3 (the best at the edge" in finding
+    assert "further out: Peri-LN at the highest)" in finding
     assert "Peri-LN +0.0700" in finding and "No method at an lr of its own" in N.lr_seeds()
     for seed, (base, peri) in enumerate(((1.46, 1.50), (1.44, 1.49), (1.47, 1.52), (1.45, 1.50)), start=1):
         write("runs", "base", base, seed=seed)                      # the other seeds: Peri-LN at 6e-3 costs 0.04-0.07
         write("lr_runs", "periln", peri, 6e-3, seed=seed)
     seeds = N.lr_seeds().splitlines()[2]
+    assert "Over seeds 1, 2, 3, 4, 1337, Peri-LN at lr 6e-3 − the baseline at 3e-3: validation loss +0.0520" in \
+        N.lr_finding()
     by_hand = "| Peri-LN at lr 6e-3 | 1, 2, 3, 4, 1337 | +0.0520 [+0.0384, +0.0656] p<0.001* |"   # 2.776 · 0.011 / √5
     assert seeds.startswith(by_hand)
     assert "| baseline | 1.5000 (1.00) |" in N.lr_check()           # the lr table stays seed 1337's

@@ -243,16 +243,37 @@ def lr_finding():
         return "No runs yet: python results/methods/run_methods.py --lr_check."
     loss = METRICS["val_loss"][2]
     best = {c: min(v, key=lambda lr: loss(v[lr])) for c, v in by.items()}
-    edge = [c for c in by if best[c] == max(by[c]) and best[c] != STUDY_LR]
+    edge = [f"{CONDITIONS[c]} at the {'highest' if best[c] == max(by[c]) else 'lowest'}" for c in by
+            if best[c] != STUDY_LR and best[c] in (min(by[c]), max(by[c]))]
     base = loss(by["base"][best["base"]])
     moved = [c for c in by if best[c] != STUDY_LR]
     return (f"With seed 1337, the study's lr {lr_text(STUDY_LR)} is the best of those run for "
             + (", ".join(CONDITIONS[c] for c in by if c not in moved) or "no condition")
             + ("; " + ", ".join(f"{CONDITIONS[c]} does best at {lr_text(best[c])}" for c in moved) if moved else "")
-            + (f" (the highest run: {', '.join(CONDITIONS[c] for c in edge)} might do better higher still)"
+            + (f" (the best at the edge of the lrs run, so perhaps better further out: {', '.join(edge)})"
                if edge else "")
             + ". Each at its own best lr against the baseline at its own: "
-            + ", ".join(f"{CONDITIONS[c]} {loss(by[c][best[c]]) - base:+.4f}" for c in by if c != "base") + ".")
+            + ", ".join(f"{CONDITIONS[c]} {loss(by[c][best[c]]) - base:+.4f}" for c in by if c != "base") + "."
+            + "".join(f" Over seeds {', '.join(map(str, seeds))}, {CONDITIONS[c]} at lr {lr_text(lr)} − the baseline "
+                      f"at {lr_text(STUDY_LR)}: validation loss {repro.interval(t, 4)} ({repro.p_text(p)}), ζ_L "
+                      f"{repro.interval(tz, 2)} ({repro.p_text(pz)})."
+                      for (c, lr), (seeds, t, p, tz, pz) in seeded().items()))
+
+
+def seeded():
+    """{(method, lr): (seeds, validation loss t interval, p, ζ_L t interval, p)} of each method run over several seeds
+    at an lr of its own, paired with the study's baseline of the same seed."""
+    study, _ = runs()
+    out = {}
+    for c, lrs in lr_runs().items():
+        for lr, v in lrs.items():
+            seeds = sorted(set(v) & set(study.get("base", {})))
+            if lr != STUDY_LR and len(seeds) > 1:
+                d = {m: [METRICS[m][2](v[s]) - METRICS[m][2](study["base"][s]) for s in seeds]
+                     for m in ("val_loss", "zeta_L")}
+                out[c, lr] = (seeds, repro.t_interval(d["val_loss"]), repro.t_p(d["val_loss"]),
+                              repro.t_interval(d["zeta_L"]), repro.t_p(d["zeta_L"]))
+    return out
 
 
 BLOCKS = {"methods-table": comparison, "methods-finding": finding, "methods-lr": lr_check,
