@@ -32,7 +32,12 @@ METRICS = {"val_loss": ("val loss", 4, lambda r: r["profile"]["loss"]),
                         lambda r: repro.LAYER_ROWS["lens_mid"][2](r["profile"])),
            "step_s": ("s a step", 3, lambda r: r["seconds_per_step"])}
 STUDY_LR = 3e-3                                                  # configs/kjv.py's lr, which every condition trains at
-lr_text = lambda lr: f"{lr * 1e3:g}e-3"                          # noqa: E731  (1.5e-3, 3e-3, 6e-3)
+
+
+def lr_text(lr):
+    """A learning rate as the configs write it: 1.5e-3, not 0.0015."""
+    mantissa, exponent = f"{lr:e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
 
 
 def runs():
