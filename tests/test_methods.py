@@ -250,5 +250,7 @@ def test_the_learning_rate_check_marks_each_methods_best_and_checks_the_study(tm
     by_hand = "| Peri-LN at lr 6e-3 | 1, 2, 3, 4, 1337 | +0.0520 [+0.0384, +0.0656] p<0.001* |"   # 2.776 · 0.011 / √5
     assert seeds.startswith(by_hand)
     assert "| baseline | 1.5000 (1.00) |" in N.lr_check()           # the lr table stays seed 1337's
+    assert N.lr_summary().endswith("at 3e-3 over seeds: Peri-LN at 6e-3 +0.0520 [+0.0384, +0.0656] (p<0.001); Peri-LN (+0.07) "
+                                   "still costs more than 0.05 at its best lr in one seed.")
     write("runs", "periln", 1.7001)                                 # the study's run differs: said, with how much
     assert "differ from the study's seed-1337 runs by up to 0.0001" in N.lr_check()

@@ -265,6 +265,27 @@ def lr_finding():
                       for (c, lr), (seeds, t, p, tz, pz) in seeded().items()))
 
 
+def lr_summary():
+    """The learning-rate check in one sentence for the README: each method run over seeds at its own lr against the
+    baseline at its own, and the methods that still cost over 0.05 in validation loss at their best lr (seed 1337)."""
+    by = {c: {lr: v[1337] for lr, v in lrs.items() if 1337 in v} for c, lrs in lr_runs().items()}
+    if "base" not in by:
+        return "No learning-rate check yet: python results/methods/run_methods.py --lr_check."
+    loss, lrs = METRICS["val_loss"][2], sorted({lr for v in by.values() for lr in v})
+    base = min(loss(r) for r in by["base"].values())
+    base_lr = min(by["base"], key=lambda lr: loss(by["base"][lr]))
+    still = {c: min(loss(r) for r in v.values()) - base for c, v in by.items() if c != "base"}
+    pairs = [f"{CONDITIONS[c]} at {lr_text(lr)} {repro.interval(t, 4)} ({repro.p_text(p)})"
+             for (c, lr), (seeds, t, p, _, _) in seeded().items()]
+    return (f"At its own best learning rate (a check from {lr_text(lrs[0])} to {lr_text(lrs[-1])}, the study's being "
+            f"{lr_text(STUDY_LR)}" + (", where the baseline does best" if base_lr == STUDY_LR else
+                                      f"; the baseline does best at {lr_text(base_lr)}")
+            + f"), validation loss − the baseline's at {lr_text(STUDY_LR)} over seeds: "
+            + ("; ".join(pairs) or "none run yet") + "; "
+            + (", ".join(f"{CONDITIONS[c]} ({d:+.2f})" for c, d in still.items() if d > 0.05) or "no method")
+            + " still costs more than 0.05 at its best lr in one seed.")
+
+
 def seeded():
     """{(method, lr): (seeds, validation loss t interval, p, ζ_L t interval, p)} of each method run over several seeds
     at an lr of its own, paired with the study's baseline of the same seed."""
@@ -282,7 +303,7 @@ def seeded():
 
 
 BLOCKS = {"methods-table": comparison, "methods-finding": finding, "methods-lr": lr_check,
-          "methods-lr-finding": lr_finding, "methods-lr-seeds": lr_seeds}
+          "methods-lr-finding": lr_finding, "methods-lr-seeds": lr_seeds, "methods-lr-summary": lr_summary}
 
 if __name__ == "__main__":
     print(comparison())
