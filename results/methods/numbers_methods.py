@@ -236,8 +236,8 @@ def lr_seeds():
                      + " | ".join(cells[(c, lr), m] for m in metrics) + " |")
     return "\n".join(lines) + (
         "\n\nAs the table above (paired over seeds, 95% t interval, p; * survives Holm's correction across these "
-        f"{len(rows)} rows), against the study's baseline runs at its own best lr. The lr was chosen on seed 1337, "
-        "which is one of the seeds: the other seeds are the test.")
+        f"{len(rows)} rows), each against the study's baseline runs (lr {lr_text(STUDY_LR)}, the baseline's best of "
+        "the check). The lr was chosen on seed 1337, which is one of the seeds: the other seeds are the test.")
 
 
 def lr_finding():
