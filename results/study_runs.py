@@ -16,8 +16,8 @@ STEPS = ["--max_steps=300", "--eval_interval=50", "--ckpt_interval=300", "--keep
 
 def train_and_profile(config, folder, seed, *settings):
     """Train config into folder with this seed (and any --key=value settings) at the quick start's budget, then
-    profile it: {config, evals (the
-    periodic val loss, Ψ, ζ), steps (every 10th), last_step, profile, step_seconds (each step's wall-clock)}."""
+    profile it: {config, evals (the periodic val loss, Ψ, ζ), steps (every 10th), last_step, profile, step_seconds
+    (each step's wall-clock)}."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = lambda *cmd: subprocess.run([sys.executable, *cmd], cwd=ROOT, env=env, check=True,   # noqa: E731
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -182,10 +182,35 @@ def lr_runs():
     return {c: by[c] for c in CONDITIONS if c in by}
 
 
+def lr_seed1337():
+    """{condition: {lr: run}}: the check's seed-1337 runs, the ones every lr has."""
+    return {c: {lr: v[1337] for lr, v in lrs.items() if 1337 in v} for c, lrs in lr_runs().items()}
+
+
+def seeded():
+    """{(method, lr): {metric: (t interval, p, Holm-adjusted p)}} of each method run over several seeds at an lr of its
+    own, paired with the study's baseline (at the study's lr) of the same seed; Holm across these rows per metric."""
+    study, _ = runs()
+    base = study.get("base", {})
+    rows = {(c, lr): v for c, lrs in lr_runs().items() for lr, v in lrs.items()
+            if lr != STUDY_LR and len(set(v) & set(base)) > 1}
+    out = {key: {} for key in rows}
+    for m, (_, _, f) in METRICS.items():
+        if m == "step_s":
+            continue
+        tested = {}
+        for key, v in rows.items():
+            diff = [f(v[s]) - f(base[s]) for s in sorted(set(v) & set(base))]
+            tested[key] = (repro.t_interval(diff), repro.t_p(diff))
+        for key, (t, p), a in zip(tested, tested.values(), repro.holm([p for _, p in tested.values()])):
+            out[key][m] = (t, p, a)
+    return {key: (sorted(set(rows[key]) & set(base)), cells) for key, cells in out.items()}
+
+
 def lr_check():
     """The learning-rate check's table: each method's validation loss and ζ_L at each lr (seed 1337), the lowest loss
     of the row marked, and whether the runs at the study's lr give the study's own numbers (same seed, later commit)."""
-    by = {c: {lr: v[1337] for lr, v in lrs.items() if 1337 in v} for c, lrs in lr_runs().items()}
+    by = lr_seed1337()
     if not by:
         return "No runs yet: python results/methods/run_methods.py --lr_check."
     lrs = sorted({lr for v in by.values() for lr in v})
@@ -215,25 +240,16 @@ def lr_check():
 def lr_seeds():
     """Each method at an lr of its own with more than one seed, against the study's baseline (lr 3e-3, its best) of
     the same seed: the metrics of the table above with their intervals, p and Holm's correction across these rows."""
-    study, _ = runs()
-    rows = {(c, lr): v for c, lrs in lr_runs().items() for lr, v in lrs.items()
-            if lr != STUDY_LR and len(set(v) & set(study.get("base", {}))) > 1}
+    rows = seeded()
     if not rows:
         return "No method at an lr of its own over several seeds yet: run_methods.py --lr_check --seeds 1,2,3,4 ..."
     metrics = {m: METRICS[m] for m in METRICS if m != "step_s"}
-    cells = {}
-    for m, (_, digits, f) in metrics.items():
-        tested = {}
-        for (c, lr), v in rows.items():
-            diff = [f(v[s]) - f(study["base"][s]) for s in sorted(set(v) & set(study["base"]))]
-            tested[c, lr] = (repro.t_interval(diff), repro.t_p(diff))
-        for key, ((t, p), a) in zip(tested, zip(tested.values(), repro.holm([p for _, p in tested.values()]))):
-            cells[key, m] = f"{repro.interval(t, digits)} {repro.p_text(p)}" + ("*" if a < 0.05 else "")
     lines = ["| − baseline at lr 3e-3, same seed | seeds | " + " | ".join(l for l, _, _ in metrics.values()) + " |",
              "|---" * (len(metrics) + 2) + "|"]
-    for (c, lr), v in rows.items():
-        lines.append(f"| {CONDITIONS[c]} at lr {lr_text(lr)} | {', '.join(map(str, sorted(v)))} | "
-                     + " | ".join(cells[(c, lr), m] for m in metrics) + " |")
+    for (c, lr), (seeds, cells) in rows.items():
+        lines.append(f"| {CONDITIONS[c]} at lr {lr_text(lr)} | {', '.join(map(str, seeds))} | " + " | ".join(
+            f"{repro.interval(cells[m][0], digits)} {repro.p_text(cells[m][1])}" + ("*" if cells[m][2] < 0.05 else "")
+            for m, (_, digits, _) in metrics.items()) + " |")
     return "\n".join(lines) + (
         "\n\nAs the table above (paired over seeds, 95% t interval, p; * survives Holm's correction across these "
         f"{len(rows)} rows), each against the study's baseline runs (lr {lr_text(STUDY_LR)}, the baseline's best of "
@@ -243,7 +259,7 @@ def lr_seeds():
 def lr_finding():
     """What the learning-rate check says: each method's best lr of those run, and its loss there against the
     baseline's best (seed 1337)."""
-    by = {c: {lr: v[1337] for lr, v in lrs.items() if 1337 in v} for c, lrs in lr_runs().items()}
+    by = lr_seed1337()
     if "base" not in by:
         return "No runs yet: python results/methods/run_methods.py --lr_check."
     loss = METRICS["val_loss"][2]
@@ -260,23 +276,22 @@ def lr_finding():
             + ". Each at its own best lr against the baseline at its own: "
             + ", ".join(f"{CONDITIONS[c]} {loss(by[c][best[c]]) - base:+.4f}" for c in by if c != "base") + "."
             + "".join(f" Over seeds {', '.join(map(str, seeds))}, {CONDITIONS[c]} at lr {lr_text(lr)} − the baseline "
-                      f"at {lr_text(STUDY_LR)}: validation loss {repro.interval(t, 4)} ({repro.p_text(p)}), ζ_L "
-                      f"{repro.interval(tz, 2)} ({repro.p_text(pz)})."
-                      for (c, lr), (seeds, t, p, tz, pz) in seeded().items()))
+                      f"at {lr_text(STUDY_LR)}: validation loss {repro.interval(cells['val_loss'][0], 4)} "
+                      f"({repro.p_text(cells['val_loss'][1])}), ζ_L {repro.interval(cells['zeta_L'][0], 2)} "
+                      f"({repro.p_text(cells['zeta_L'][1])})." for (c, lr), (seeds, cells) in seeded().items()))
 
 
 def lr_summary():
     """The learning-rate check in one sentence for the README: each method run over seeds at its own lr against the
     baseline at its own, and the methods that still cost over 0.05 in validation loss at their best lr (seed 1337)."""
-    by = {c: {lr: v[1337] for lr, v in lrs.items() if 1337 in v} for c, lrs in lr_runs().items()}
+    by = lr_seed1337()
     if "base" not in by:
         return "No learning-rate check yet: python results/methods/run_methods.py --lr_check."
     loss, lrs = METRICS["val_loss"][2], sorted({lr for v in by.values() for lr in v})
-    base = min(loss(r) for r in by["base"].values())
     base_lr = min(by["base"], key=lambda lr: loss(by["base"][lr]))
-    still = {c: min(loss(r) for r in v.values()) - base for c, v in by.items() if c != "base"}
-    pairs = [f"{CONDITIONS[c]} at {lr_text(lr)} {repro.interval(t, 4)} ({repro.p_text(p)})"
-             for (c, lr), (seeds, t, p, _, _) in seeded().items()]
+    still = {c: min(loss(r) for r in v.values()) - loss(by["base"][base_lr]) for c, v in by.items() if c != "base"}
+    pairs = [f"{CONDITIONS[c]} at {lr_text(lr)} {repro.interval(cells['val_loss'][0], 4)} "
+             f"({repro.p_text(cells['val_loss'][1])})" for (c, lr), (_, cells) in seeded().items()]
     return (f"At its own best learning rate (a check from {lr_text(lrs[0])} to {lr_text(lrs[-1])}, the study's being "
             f"{lr_text(STUDY_LR)}" + (", where the baseline does best" if base_lr == STUDY_LR else
                                       f"; the baseline does best at {lr_text(base_lr)}")
@@ -284,22 +299,6 @@ def lr_summary():
             + ("; ".join(pairs) or "none run yet") + "; "
             + (", ".join(f"{CONDITIONS[c]} ({d:+.2f})" for c, d in still.items() if d > 0.05) or "no method")
             + " still costs more than 0.05 at its best lr in one seed.")
-
-
-def seeded():
-    """{(method, lr): (seeds, validation loss t interval, p, ζ_L t interval, p)} of each method run over several seeds
-    at an lr of its own, paired with the study's baseline of the same seed."""
-    study, _ = runs()
-    out = {}
-    for c, lrs in lr_runs().items():
-        for lr, v in lrs.items():
-            seeds = sorted(set(v) & set(study.get("base", {})))
-            if lr != STUDY_LR and len(seeds) > 1:
-                d = {m: [METRICS[m][2](v[s]) - METRICS[m][2](study["base"][s]) for s in seeds]
-                     for m in ("val_loss", "zeta_L")}
-                out[c, lr] = (seeds, repro.t_interval(d["val_loss"]), repro.t_p(d["val_loss"]),
-                              repro.t_interval(d["zeta_L"]), repro.t_p(d["zeta_L"]))
-    return out
 
 
 BLOCKS = {"methods-table": comparison, "methods-finding": finding, "methods-lr": lr_check,

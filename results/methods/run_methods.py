@@ -14,8 +14,7 @@ lr where a best lies at the edge, and the other seeds at a method's best lr, to 
 
     python results/methods/run_methods.py [--out out/methods] [--jobs 2]   # 40 runs
     python results/methods/run_methods.py --lr_check                       # 21 runs
-    python results/methods/run_methods.py --lr_check --lrs 1.2e-2 --conditions base,lns,mixln
-    python results/methods/run_methods.py --lr_check --lrs 6e-3 --conditions mixln --seeds 1,2,3,4
+    python results/methods/run_methods.py --lr_check --lrs 1.2e-2 --conditions mixln,lns   # docs/methods.md: all run
 """
 import argparse
 import os
