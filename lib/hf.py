@@ -4,11 +4,13 @@ names), and loading a transformers model and its tokenizer (a hub name, a folder
 for each way it fails. Training starts from a Hugging Face Llama converted once to a run folder: scripts/convert_hf.py.
 
     model = llama_from_hf(hf_model)        # NotImplementedError for what our Llama does not compute
-    hf_model = llama_to_hf(model)
+    hf_model = llama_to_hf(model)          # every weight mapped, or one error line naming those that are not
+    check_vocabulary(model.config.vocab_size, enc)   # the model must have a row for every token of its tokenizer
     hf_model, hf_tokenizer = load_hf("HuggingFaceTB/SmolLM2-135M-Instruct")
 """
 import glob
 import os
+import shutil
 
 import torch
 
@@ -74,12 +76,19 @@ NOT_A_LLAMA = {"mix_ln": "Post-LN blocks", "peri_ln": "norms on the sublayers' o
 
 def llama_to_hf(model):
     """An equivalent transformers LlamaForCausalLM (fp32 unless our model is in another dtype). LayerNorm Scaling is a
-    reparametrisation (N(x)·w/√ℓ = N(x)·(w/√ℓ)): folded into the norm gains; a method no Llama computes is one line."""
+    reparametrisation (N(x)·w/√ℓ = N(x)·(w/√ℓ)): folded into the norm gains; a method no Llama computes is one line,
+    and so is any entry of the state dict that hf_names does not map (an ablation's new weight or scalar, which the
+    logit check alone would pass while it is near its start): the export carries every weight or refuses."""
     from transformers import LlamaConfig as HFConfig, LlamaForCausalLM
     cfg = model.config
     if on := [f"{key} = {getattr(cfg, key)!r} ({what})" for key, what in NOT_A_LLAMA.items() if getattr(cfg, key)]:
         raise SystemExit(f"error: the model has {', '.join(on)}: a Hugging Face Llama cannot compute it; nothing "
                          "written (evaluate.py, chat.py and survey.py read the run folder itself)")
+    names = hf_names(cfg.n_layer)
+    if unmapped := [key for key in model.state_dict() if key not in names]:
+        raise SystemExit(f"error: the model has {', '.join(unmapped)}, which a Hugging Face Llama has no weight for "
+                         "(model.py is no standard Llama); nothing written (evaluate.py, chat.py and survey.py read "
+                         "the run folder itself)")
     hf_cfg = HFConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_hidden,
         num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head,
@@ -91,10 +100,25 @@ def llama_to_hf(model):
     for i, block in enumerate(model.layers):                    # LayerNorm Scaling's 1/√ℓ (1 without it)
         for norm in ("attn_norm", "mlp_norm"):
             sd[f"layers.{i}.{norm}.weight"] = sd[f"layers.{i}.{norm}.weight"] * block.scale
-    hf_sd = {theirs: sd[ours] for ours, theirs in hf_names(cfg.n_layer).items()}
+    hf_sd = {theirs: sd[ours] for ours, theirs in names.items()}
     missing, unexpected = hf.load_state_dict(hf_sd, strict=False)
     assert not unexpected and all("rotary" in k or "inv_freq" in k for k in missing), (missing, unexpected)
     return hf
+
+
+def check_vocabulary(vocab_size, enc, where=""):
+    """The model's vocabulary (its embedding rows) must hold every id of its tokenizer `enc`, or generation indexes past
+    it: one error line (`where`: what the message names first)."""
+    if vocab_size < enc.n_vocab:
+        raise SystemExit(f"error: {where}the model's vocabulary ({vocab_size}) is smaller than that of tokenizer "
+                         f"{enc.name!r} ({enc.n_vocab})")
+
+
+def cannot_write(out, e):
+    """A folder that could not be written (a full disk, say) as one error line with the free space where it goes."""
+    place = os.path.dirname(os.path.abspath(out))
+    free = shutil.disk_usage(place).free / 2**30
+    raise SystemExit(f"error: cannot write {out}: {one_line(e)}. {free:.1f} GiB free in {place}; nothing written")
 
 
 def _hf_kwargs(gguf_file=None, revision=None):

@@ -19,10 +19,11 @@ import shutil
 import sys
 
 import torch
+from safetensors import SafetensorError
 
 from lib.conversations import HEADERS, chat_template, prompt_ids, render
 from data import one_line
-from lib.hf import llama_to_hf
+from lib.hf import cannot_write, check_vocabulary, llama_to_hf
 from lib.commands import check_writable, load_run
 from runs import run_step
 from tokenizer import EOT, HFTokenizer, tokenizer_tag
@@ -109,9 +110,8 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
     out = real
     check_writable(os.path.dirname(out), "OUT's folder", folder=True)
     model, enc, meta = load_run(run_dir, step)
-    if model.config.vocab_size < enc.n_vocab:
-        raise SystemExit(f"error: the model's vocabulary ({model.config.vocab_size}) is smaller than that of "
-                         f"tokenizer {enc.name!r} ({enc.n_vocab})")
+    check_vocabulary(model.config.vocab_size, enc)
+    hf = llama_to_hf(model)                      # every weight mapped, or refused before the tokenizer is built
     own = isinstance(enc, HFTokenizer)           # a model's own tokenizer (e.g. a retrofit): written back as it was
     tok = enc.hf if own else hf_tokenizer(enc, model.config.max_seq_len)
     if own and chat_template(enc) is None:       # it chats in our template (conversations.chat_prompt): ours goes too
@@ -119,7 +119,6 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
         if tok.chat_template is None:
             print(f"warning: our chat template does not render in tokenizer {enc.name!r} as conversations.render "
                   "does; the folder has no chat template", file=sys.stderr)
-    hf = llama_to_hf(model)
     with torch.no_grad():                        # an edited model.py (an ablation) is no longer the Llama that HF runs
         x = (torch.arange(min(32, model.config.max_seq_len)) * 7919 % min(enc.n_vocab, model.config.vocab_size))[None]
         ours, theirs = model(x).logits, hf(x).logits
@@ -135,11 +134,14 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
     provenance = {"source": os.path.abspath(run_dir), "checkpoint": os.path.basename(meta["checkpoint"]),
                   "step": meta["step"], "tokens": meta["tokens"], "tokenizer": tokenizer_tag(enc), "dtype": dtype,
                   "init_from": cfg.get("init_from", ""), "data_dir": cfg.get("data_dir"),
-                  "jreg": {k: v for k, v in cfg.items() if k.startswith("jreg_")}}
+                  "jreg": {k: v for k, v in cfg.items() if k.startswith("jreg_")},
+                  # what else the model was trained with: the early-exit loss's weight (absent: a run from before the
+                  # setting, or a conversion: off) and LayerNorm Scaling (folded into the norm gains of this folder)
+                  "early_exit": cfg.get("early_exit", 0.0), "layernorm_scaling": model.config.layernorm_scaling}
     for path in (tmp, old):                          # what a killed export left
         shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(tmp)
     try:
+        os.makedirs(tmp)
         hf.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         # also for readers on transformers 4.x: the tokenizer's class, the template and two settings under older keys
@@ -160,6 +162,10 @@ def export(run_dir, out, step=None, dtype="float32", overwrite=False):
             os.replace(out, old)
         os.replace(tmp, out)
         shutil.rmtree(old, ignore_errors=True)
+    except (OSError, RuntimeError, SafetensorError) as e:    # a full disk: safetensors' own error, or an OSError
+        if os.path.isdir(old) and not os.path.exists(out):     # the folder before it stays
+            os.replace(old, out)
+        cannot_write(out, e)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

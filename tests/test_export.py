@@ -5,6 +5,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -41,18 +42,19 @@ def A(text):
     return {"role": "assistant", "content": text}
 
 
-def save_run(run_dir, tokenizer="bytes", steps=(5,), vocab_size=None):
+def save_run(run_dir, tokenizer="bytes", steps=(5,), vocab_size=None, settings=(), **methods):
     """A run folder as train.py writes it: random 2-layer, d=32 Llamas with peaked logits (init_std 0.3) whose head's
-    padded rows are zero, so that greedy choice never picks them (chat.generate masks them, transformers does not)."""
+    padded rows are zero, so that greedy choice never picks them (chat.generate masks them, transformers does not).
+    settings: more of the run's config; methods: model config fields (layernorm_scaling=True)."""
     os.makedirs(run_dir, exist_ok=True)
     for step in steps:
         torch.manual_seed(step)
         model = Llama(LlamaConfig(vocab_size=vocab_size or VOCAB[tokenizer], n_layer=2, n_head=4, n_kv_head=2,
-                                  d_model=32, ffn_hidden=64, max_seq_len=128, rope_theta=5e5, init_std=0.3))
+                                  d_model=32, ffn_hidden=64, max_seq_len=128, rope_theta=5e5, init_std=0.3, **methods))
         with torch.no_grad():
             model.lm_head.weight[get_tokenizer(tokenizer).n_vocab:] = 0
         config = {"tokenizer": tokenizer, "data_dir": "data/sft", "init_from": "out/base", "jreg_lambda": 1.0,
-                  "jreg_alpha": 3.0, "jreg_weighting": "index", "lr": 2e-5}
+                  "jreg_alpha": 3.0, "jreg_weighting": "index", "lr": 2e-5, **dict(settings)}
         torch.save({"model": model.state_dict(), "model_config": dataclasses.asdict(model.config), "config": config,
                     "step": step, "tokens": step * 128, "optimizer": {}}, os.path.join(run_dir, f"ckpt_{step:07d}.pt"))
     return run_dir
@@ -270,3 +272,81 @@ def test_command_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "scripts.export", str(tmp_path / "missing"), str(tmp_path / "hf")], cwd=HERE,
                        capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr == f"error: run folder not found: {tmp_path / 'missing'}\n"
+
+
+# ---- every weight exported, the training's methods recorded, a full disk ----------------------------------------
+
+GATED = ("import runpy, torch, model as M\n"              # model.py with a learned scalar added to block 0: an ablation
+         "init = M.Llama.__init__\n"
+         "def gated(self, *a, **k):\n"
+         "    init(self, *a, **k)\n"
+         "    self.layers[0].gate = torch.nn.Parameter(torch.zeros(1))\n"
+         "M.Llama.__init__ = gated\n"
+         "runpy.run_module('scripts.export', run_name='__main__')\n")
+
+
+def test_a_weight_a_llama_has_no_place_for_is_refused(tmp_path, monkeypatch):
+    """A learned scalar added to a block (an ablation) is no weight of LlamaForCausalLM: refused in one line naming it,
+    nothing written, also through the command line. (Before: exported without it, the logit check passing while the
+    scalar was at its start.)"""
+    from lib.hf import llama_to_hf
+    tiny = Llama(LlamaConfig(vocab_size=320, n_layer=2, n_head=4, n_kv_head=2, d_model=32, ffn_hidden=64))
+    tiny.layers[0].gate = torch.nn.Parameter(torch.zeros(1))
+    with pytest.raises(SystemExit, match=r"^error: the model has layers\.0\.gate, which a Hugging Face Llama has no "
+                                         r"weight for \(model.py is no standard Llama\); nothing written"):
+        llama_to_hf(tiny)
+    init = Llama.__init__
+
+    def gated(self, *a, **k):                                  # model.py as GATED edits it
+        init(self, *a, **k)
+        self.layers[0].gate = torch.nn.Parameter(torch.zeros(1))
+    monkeypatch.setattr(Llama, "__init__", gated)
+    run = save_run(str(tmp_path / "run"))
+    assert "layers.0.gate" in torch.load(os.path.join(run, "ckpt_0000005.pt"))["model"]
+    with pytest.raises(SystemExit, match=r"^error: the model has layers\.0\.gate, which "):
+        export.main([run, str(tmp_path / "hf")])
+    r = subprocess.run([sys.executable, "-c", GATED, run, str(tmp_path / "hf")], cwd=HERE, capture_output=True,
+                       text=True)
+    assert r.returncode == 1 and r.stderr.startswith("error: the model has layers.0.gate, which ") and \
+        r.stderr.count("\n") == 1, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["run"]
+
+
+def test_provenance_records_the_early_exit_loss_and_layernorm_scaling(tmp_path):
+    """jreg.json says what the model was trained with beside JREG: the early-exit loss's weight and LayerNorm Scaling
+    (folded into the norm gains, so the folder's config cannot say it). (Before: neither was recorded.)"""
+    save_run(str(tmp_path / "lns"), settings={"early_exit": 0.5}, layernorm_scaling=True)
+    save_run(str(tmp_path / "old"))                            # a run from before early_exit: no such setting, off
+    for run, expected in (("lns", (0.5, True)), ("old", (0.0, False))):
+        export.export(str(tmp_path / run), str(tmp_path / f"hf_{run}"))
+        meta = json.loads((tmp_path / f"hf_{run}" / "jreg.json").read_text())
+        assert (meta["early_exit"], meta["layernorm_scaling"]) == expected
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf_lns")
+    model, _, _ = commands.load_run(str(tmp_path / "lns"))
+    x = torch.arange(40)[None] * 7 % 257
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, model(x).logits, atol=1e-5, rtol=0)
+
+
+def test_a_full_disk_is_one_line_with_the_free_space_and_nothing_half_written(tmp_path, monkeypatch):
+    """safetensors' error on a full disk (ENOSPC) while the weights are written: one error line naming the folder and
+    the free space; no temporary folder left, an existing OUT as it was. (Before: a SafetensorError traceback.)"""
+    import transformers.modeling_utils as MU
+    from safetensors import SafetensorError
+    run, out = save_run(str(tmp_path / "run")), tmp_path / "hf"
+    export.export(run, str(out))
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+
+    def full_disk(state, filename, **k):
+        open(filename, "wb").write(b"partial")
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    monkeypatch.setattr(MU, "safe_save_file", full_disk)
+    for target, argv in ((out, ["--overwrite"]), (tmp_path / "new", [])):
+        with pytest.raises(SystemExit) as e:
+            export.main([run, str(target), *argv])
+        message = str(e.value.code)
+        assert re.fullmatch(rf"error: cannot write {re.escape(str(target))}: SafetensorError: Error while serializing: "
+                            rf"I/O error: No space left on device \(os error 28\)\. \d+\.\d GiB free in "
+                            rf"{re.escape(str(tmp_path))}; nothing written", message), message
+    assert sorted(os.listdir(tmp_path)) == ["hf", "run"]
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
