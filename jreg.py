@@ -111,38 +111,3 @@ class Profile:
                 psi = sums[name] / count
                 out[name], out[name.replace("psi", "zeta")] = psi.tolist(), jump_rate(psi).tolist()
         return out
-
-
-class JregObjective(nn.Module):
-    """One micro-batch's loss and penalty from one forward of `model`, so that torch.compile traces them as one graph
-    (and DDP wraps them as one module). Every setting of the penalty but λ is an argument here: w = layer_weights(L,
-    alpha, weighting); h_L raw or after the final norm (final_norm); position 0 left out (skip_first); penalize=False
-    (λ = 0, the baseline) computes Ψ for the log only, outside autograd. early_exit = w > 0 adds LayerSkip's
-    early-exit loss to the model's, w · the mean over ℓ < L of CE(head(N(h_ℓ)), y) (logged as early_exit). (Compiled,
-    sharded or wrapped: parallel.parallelize.)"""
-
-    def __init__(self, model, alpha=1.0, weighting="index", final_norm=False, skip_first=False, penalize=True,
-                 early_exit=0.0):
-        super().__init__()
-        self.model, self.final_norm, self.skip_first, self.penalize = model, final_norm, skip_first, penalize
-        self.early_exit = early_exit
-        self.displacement = displacement
-        self.register_buffer("weights", layer_weights(model.config.n_layer, alpha, weighting), persistent=False)
-
-    def forward(self, x, y, mask=None):
-        """(loss, penalty, per_target, per_token): the loss (mean over the targets != -1) and the penalty Σ_l w_l Ψ_l
-        (mean over the tokens of mask [B, T], None: all), and the named values to log, means over the same targets
-        (the loss's terms: ce, ...) and tokens (jreg, psi = Ψ_1..Ψ_L). A value added to either dict is logged."""
-        out = self.model(x, y)                                  # the loss chunked: no full logits
-        loss, terms = out.loss, out.loss_terms
-        if self.early_exit:                                     # the logit lens of every block below L, trained
-            m = self.model
-            lens = sum(m.loss(m.lm_head, m.norm(h), y, m.loss_chunk)[0] for h in out.hidden_states[1:-1])
-            lens = self.early_exit * lens / (len(out.hidden_states) - 2)
-            loss, terms = loss + lens, {**terms, "early_exit": lens.detach()}
-        hs = streams(out, self.final_norm)
-        if not self.penalize:
-            hs = [h.detach() for h in hs]
-        psi = self.displacement(hs, mask=mask, skip_first=self.skip_first)
-        penalty = (self.weights * psi).sum()
-        return loss, penalty, terms, {"jreg": penalty.detach(), "psi": psi.detach()}

@@ -1,20 +1,27 @@
 """
-The language-model loss, computed a chunk of positions at a time so that the full [B·T, vocab] logits never exist.
+What training minimises: the language-model loss, computed a chunk of positions at a time so that the full
+[B·T, vocab] logits never exist, and the objective of a training step around it.
 
-    loss, terms = cross_entropy(model.lm_head, hidden, targets, rows)
+    loss, terms = cross_entropy(model.lm_head, hidden, targets, loss_chunk)
         # == F.cross_entropy(lm_head(hidden).float().flatten(0, 1), targets.flatten(), ignore_index=-1), with
         # chunk_loss as shipped; terms: each named term's mean (detached), {"ce": ...}
+    objective = Objective(model, jreg_lambda=1.0, alpha=1.0, early_exit=0.0)
+    loss, penalty, per_target, per_token = objective(x, y, mask)   # train.train_step: loss + λ · penalty
 
 chunk_loss, just below, is the loss of one chunk: a plain function that autograd differentiates. An edit to it (a
 z-loss, label smoothing) or to the head module (a bias, a soft-cap) reaches training, evaluation and their gradients,
-and a term it returns under a new name is logged by itself (docs/ablations.md, edit 4). The rest of this file is how
-the chunks are run; nothing in it needs editing for a new loss.
+and a term it returns under a new name is logged by itself (docs/ablations.md). Objective adds the losses that read
+other layers (the early-exit loss) and the JREG penalty (jreg.py). The rest of this file is how the chunks are run;
+nothing in it needs editing for a new loss.
 """
 import functools
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call, vjp
+
+from jreg import displacement, layer_weights, streams
 
 
 def chunk_loss(logits, targets):
@@ -26,9 +33,9 @@ def chunk_loss(logits, targets):
     }
 
 
-def cross_entropy(head, hidden, targets, rows):
-    """(loss, terms): the mean over targets != -1 of the total of chunk_loss(head(hidden)), computed `rows` positions at
-    a time, and each term's mean (detached). As shipped it equals F.cross_entropy(head(hidden), targets,
+def cross_entropy(head, hidden, targets, loss_chunk):
+    """(loss, terms): the mean over targets != -1 of the total of chunk_loss(head(hidden)), computed `loss_chunk`
+    positions at a time, and each term's mean (detached). As shipped it equals F.cross_entropy(head(hidden), targets,
     ignore_index=-1) (test_jreg.py holds it to that). With gradients, each chunk's are made as it is computed
     (ChunkedGradients: no chunk's logits kept for the backward pass); eager or inside torch.compile (the chunks then
     run compiled)."""
@@ -36,14 +43,52 @@ def cross_entropy(head, hidden, targets, rows):
     count = (targets != -1).sum()
     if torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters())):
         terms = {}                                          # filled by the chunks: each term's sum, detached
-        total = chunked_gradients(hidden, targets, head, rows, terms, torch.compiler.is_compiling())
+        total = chunked_gradients(hidden, targets, head, loss_chunk, terms, torch.compiler.is_compiling())
     else:                                                   # no gradients: a chunk's logits live one at a time
         total, terms = 0.0, {}
-        for i in range(0, len(hidden), rows):
-            parts = chunk_loss(head(hidden[i:i + rows]), targets[i:i + rows])
+        for i in range(0, len(hidden), loss_chunk):
+            parts = chunk_loss(head(hidden[i:i + loss_chunk]), targets[i:i + loss_chunk])
             total = total + sum(parts.values())
             terms = {name: terms.get(name, 0.0) + value for name, value in parts.items()}
     return total / count, {name: value.detach() / count for name, value in terms.items()}
+
+
+class Objective(nn.Module):
+    """What a training step minimises, from one forward of `model` (one graph for torch.compile, one module for DDP):
+    loss + jreg_lambda · penalty, where
+      loss     the mean over the targets != -1 of the model's loss (cross_entropy: CE and any term of chunk_loss) plus,
+               with early_exit = w > 0, LayerSkip's early-exit loss w · mean over ℓ < L of CE(head(head_input(h_ℓ)), y)
+               (the logit lens of every block below L, trained);
+      penalty  JREG, Σ_l w_l Ψ_l (jreg.py) over the tokens of mask: w = layer_weights(L, alpha, weighting), h_L raw or
+               after the final norm (final_norm), position 0 left out or not (skip_first).
+    The loop weighs the two by their micro-batch's share of the global batch's targets and tokens (train.train_step),
+    with this objective's jreg_lambda; at jreg_lambda = 0 (the baseline) Ψ is computed for the log only, outside
+    autograd. (Compiled, sharded or wrapped for the loop: parallel.parallelize.)"""
+
+    def __init__(self, model, jreg_lambda=1.0, alpha=1.0, weighting="index", final_norm=False, skip_first=False,
+                 early_exit=0.0):
+        super().__init__()
+        self.model, self.jreg_lambda, self.early_exit = model, jreg_lambda, early_exit
+        self.final_norm, self.skip_first = final_norm, skip_first
+        self.displacement = displacement
+        self.register_buffer("weights", layer_weights(model.config.n_layer, alpha, weighting), persistent=False)
+
+    def forward(self, x, y, mask=None):
+        """(loss, penalty, per_target, per_token): the loss and the penalty above, and the named values to log, means
+        over the same targets (the loss's parts: ce, early_exit, ...) and tokens (jreg, psi = Ψ_1..Ψ_L)."""
+        out = self.model(x, y)                                  # the loss chunked: no full logits
+        loss, terms = out.loss, out.loss_terms
+        if self.early_exit:                                     # the logit lens of every block below L, trained
+            m, lenses = self.model, out.hidden_states[1:-1]
+            lens = sum(m.loss(m.lm_head, m.head_input(h, out.hidden_states), y, m.loss_chunk)[0] for h in lenses)
+            lens = self.early_exit * lens / len(lenses)
+            loss, terms = loss + lens, {**terms, "early_exit": lens.detach()}
+        hs = streams(out, self.final_norm)
+        if not self.jreg_lambda:
+            hs = [h.detach() for h in hs]
+        psi = self.displacement(hs, mask=mask, skip_first=self.skip_first)
+        penalty = (self.weights * psi).sum()
+        return loss, penalty, terms, {"jreg": penalty.detach(), "psi": psi.detach()}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -69,7 +114,7 @@ def compiled_chunk_loss_and_grads():
 
 
 class ChunkedGradients(torch.autograd.Function):
-    """Σ_c loss(head(h_c), t_c) over chunks c of `rows` positions, with each chunk's gradients made in the forward pass.
+    """Σ_c loss(head(h_c), t_c) over chunks c of `loss_chunk` positions, with each chunk's gradients made in the forward pass.
 
     The loss is a sum over positions, so chunk c's gradients depend on chunk c alone: ∂loss/∂h_c is chunk c's own, and
     ∂loss/∂θ = Σ_c (chunk c's). Plain autograd over the whole would keep every chunk's logits for the backward pass, or
@@ -78,13 +123,13 @@ class ChunkedGradients(torch.autograd.Function):
     of them, and gradient buffers shaped like hidden and θ. Each term's sum (detached) is added into `terms`."""
 
     @staticmethod
-    def forward(ctx, hidden, targets, head, rows, step, terms, *params):
+    def forward(ctx, hidden, targets, head, loss_chunk, chunk_fn, terms, *params):
         names = [name for name, _ in head.named_parameters()]
         total, grad_hidden = 0.0, torch.empty_like(hidden)
         sums = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in zip(names, params)}
-        for start in range(0, hidden.size(0), rows):
-            part = slice(start, start + rows)
-            loss, parts, grad_hidden[part] = step(head, dict(zip(names, params)), hidden[part], targets[part], sums)
+        for start in range(0, hidden.size(0), loss_chunk):
+            part = slice(start, start + loss_chunk)
+            loss, parts, grad_hidden[part] = chunk_fn(head, dict(zip(names, params)), hidden[part], targets[part], sums)
             total = total + loss
             terms.update({name: terms.get(name, 0.0) + value for name, value in parts.items()})
         ctx.save_for_backward(grad_hidden, *(sums[name].to(p.dtype) for name, p in zip(names, params)))
@@ -109,8 +154,8 @@ def outside_compiled_graphs(fn):
 
 
 @outside_compiled_graphs
-def chunked_gradients(hidden, targets, head, rows, terms, compiled):
+def chunked_gradients(hidden, targets, head, loss_chunk, terms, compiled):
     """Outside any compiled graph: inductor would fuse the chunks' gradient sums into one kernel that needs every
     chunk's partial sums at once. Each chunk runs compiled when the caller is."""
-    step = compiled_chunk_loss_and_grads() if compiled else chunk_loss_and_grads
-    return ChunkedGradients.apply(hidden, targets, head, rows, step, terms, *head.parameters())
+    chunk_fn = compiled_chunk_loss_and_grads() if compiled else chunk_loss_and_grads
+    return ChunkedGradients.apply(hidden, targets, head, loss_chunk, chunk_fn, terms, *head.parameters())

@@ -10,7 +10,8 @@ F.scaled_dot_product_attention, SwiGLU MLP, no biases, final RMSNorm, LM head. N
                                              # and evaluation: loss.cross_entropy, loss_chunk positions at a time
                                              # through lm_head, so full logits never exist); out.loss_terms its terms
     out.hidden_states   [h_0, h_1, ..., h_L]: h_0 the embedding output, h_l the raw residual stream after block l
-    out.final_hidden    norm(h_L), the vector the LM head reads (what Hugging Face reports as its last hidden state)
+    out.final_hidden    head_input(h_L) = norm(h_L), the vector the LM head reads (what Hugging Face reports as its
+                        last hidden state); model.lm_head(model.head_input(h_l, out.hidden_states)): layer l's logits
 
     cache = KVCache(cfg, B, max_len, device, dtype, pad=pad)   # generation: pad[b] left-padding slots of row b
     out = model(idx, cache=cache)            # appends idx after the positions already cached; out.logits [B, 1, vocab]
@@ -21,6 +22,7 @@ module (attention, the head: a bias, a soft-cap) reaches training, evaluation an
 Conversion to and from Hugging Face's LlamaForCausalLM: lib/hf.py.
 """
 import math
+import re
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -56,11 +58,20 @@ class LlamaConfig:
         return self.d_model // self.n_head
 
     def __post_init__(self):
-        assert self.d_model % self.n_head == 0, "d_model must be divisible by n_head"
-        assert self.n_head % self.n_kv_head == 0, "n_head must be a multiple of n_kv_head"
-        assert self.head_dim % 2 == 0, "RoPE needs an even head dimension"
-        assert 0 <= self.mix_ln <= 1, "mix_ln is a fraction of the layers, 0 to 1"
-        assert 0 <= self.backout_layer < self.n_layer, "backout_layer is a block 1..L-1 (0: off)"
+        """Each field in range, as one ValueError line (not an assert: python -O would drop it)."""
+        heads = f"(n_head, n_kv_head, d_model = {self.n_head}, {self.n_kv_head}, {self.d_model})"
+        for ok, what in (
+                (self.d_model % self.n_head == 0, f"d_model must be divisible by n_head {heads}"),
+                (self.n_head % self.n_kv_head == 0, f"n_head must be a multiple of n_kv_head {heads}"),
+                (self.head_dim % 2 == 0, f"RoPE needs an even head dimension {heads}"),
+                (0 <= self.mix_ln <= 1, f"mix_ln = {self.mix_ln} is a fraction of the layers, 0 to 1"),
+                (not self.mix_ln or int(self.mix_ln * self.n_layer) > 0, f"mix_ln = {self.mix_ln} of {self.n_layer} "
+                 f"layers turns no block Post-LN (⌊{self.mix_ln * self.n_layer:g}⌋ = 0): use at least "
+                 f"{1 / self.n_layer:.3g}, or 0 for off"),
+                (0 <= self.backout_layer < self.n_layer, f"backout_layer = {self.backout_layer} is a block 1..L-1 "
+                 f"(L = n_layer = {self.n_layer}; 0: off)")):
+            if not ok:
+                raise ValueError(what)
 
 
 # The paper's sizes (its layers and widths; heads, FFN widths and the 3.4B shape are our choices) and small CPU sizes.
@@ -195,20 +206,34 @@ class LlamaOutput(NamedTuple):
     loss: Optional[torch.Tensor]                   # the mean loss over targets != -1 (loss.cross_entropy)
     hidden_states: list
     final_hidden: torch.Tensor
-    loss_terms: dict = {}                          # each named term of the loss, its mean (detached): {"ce": ...}
+    loss_terms: Optional[dict] = None              # each named term of the loss, its mean (detached): {"ce": ...}
+
+
+# Each parameter's start, by its name (re.fullmatch, the first rule that matches): one place per parameter. A new
+# parameter needs its rule here; one that no rule names is refused when the model is built, never guessed.
+# ("normal", s): N(0, s · init_std); ("normal_depth", s): N(0, s · init_std / √(2L)), the residual outputs; a number:
+# that constant. Only the normal rules draw from the generator: the order of the parameters fixes the numbers.
+INIT = {
+    r"tok_emb\.weight|lm_head\.weight": ("normal", 1.0),
+    r"layers\.\d+\.attn\.[qkv]_proj\.weight|layers\.\d+\.mlp\.(gate|up)_proj\.weight": ("normal", 1.0),
+    r"layers\.\d+\.attn\.o_proj\.weight|layers\.\d+\.mlp\.down_proj\.weight": ("normal_depth", 1.0),
+    r"(layers\.\d+\.(attn|mlp|attn_out|mlp_out)_)?norm\.weight": 1.0,   # RMSNorm gains
+    r"backout_lambda": 0.5,                                                # Backout's λ
+    r".*\.bias": 0.0,                                                     # none in a Llama; an ablation's start
+}
 
 
 class Llama(nn.Module):
     def __init__(self, cfg: LlamaConfig, activation_checkpointing=False, loss_chunk=1024):
-        """activation_checkpointing: in training, each block keeps only its input stream and recomputes the rest in
-        the backward pass (the same numbers, a fraction of the memory, about one more forward's compute).
-        loss_chunk: positions per chunk of the loss (loss.cross_entropy)."""
+        """The model of cfg, its weights drawn by INIT. activation_checkpointing: in training, each block keeps only
+        its input stream and recomputes the rest in the backward pass (the same numbers, a fraction of the memory,
+        about one more forward's compute). loss_chunk: positions per chunk of the loss (loss.cross_entropy)."""
         super().__init__()
         self.config, self.activation_checkpointing = cfg, activation_checkpointing
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layer)])
         if cfg.backout_layer:
-            self.backout_lambda = nn.Parameter(torch.full((1,), 0.5))     # 1-D: FSDP shards no scalar
+            self.backout_lambda = nn.Parameter(torch.empty(1))            # 1-D: FSDP shards no scalar
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.loss, self.loss_chunk = cross_entropy, loss_chunk        # loss.py (under FSDP parallel.py compiles it)
@@ -220,18 +245,25 @@ class Llama(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self):
-        std = self.config.init_std
+        """Every parameter from its INIT rule, in the order of named_parameters."""
         for name, p in self.named_parameters():
-            if name.endswith("bias"):                            # none in a Llama; an ablation's start at 0
-                nn.init.zeros_(p)
-            elif name == "backout_lambda":                       # Backout's λ
-                nn.init.constant_(p, 0.5)
-            elif p.dim() == 1:                                   # RMSNorm gains (a LayerNorm's too)
-                nn.init.ones_(p)
-            elif name.endswith(("o_proj.weight", "down_proj.weight")):
-                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.config.n_layer))   # depth-scaled residual outputs
+            rule = next((rule for pattern, rule in INIT.items() if re.fullmatch(pattern, name)), None)
+            if rule is None:
+                raise ValueError(f"parameter {name} {tuple(p.shape)} has no initialisation rule: add its pattern to "
+                                 "model.INIT")
+            if isinstance(rule, tuple):
+                kind, scale = rule
+                depth = math.sqrt(2 * self.config.n_layer) if kind == "normal_depth" else 1.0
+                nn.init.normal_(p, 0.0, scale * self.config.init_std / depth)
             else:
-                nn.init.normal_(p, 0.0, std)
+                nn.init.constant_(p, rule)
+
+    def head_input(self, h, hidden_states):
+        """The vector the LM head reads from the stream h (any layer's: the logit lens; h_L: the model's own output):
+        N(h), or with Backout N(h − λ·h_k). The loss, the lenses, generation and export all read through here."""
+        if self.config.backout_layer:
+            h = h - self.backout_lambda * hidden_states[self.config.backout_layer]
+        return self.norm(h)
 
     def forward(self, idx, targets=None, cache=None):
         """See the module docstring."""
@@ -248,9 +280,7 @@ class Llama(nn.Module):
         for i, block in enumerate(self.layers):
             x = checkpoint(block, x, cos, sin, use_reentrant=False) if recompute else block(x, cos, sin, cache, i)
             hidden_states.append(x)
-        if self.config.backout_layer:                            # Backout: h_L − λ·h_k into the final norm
-            x = x - self.backout_lambda * hidden_states[self.config.backout_layer]
-        final_hidden = self.norm(x)
+        final_hidden = self.head_input(x, hidden_states)
         if cache is not None:
             cache.len += T
             return LlamaOutput(self.lm_head(final_hidden[:, -1:]), None, hidden_states, final_hidden)

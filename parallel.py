@@ -10,6 +10,7 @@ whether anything is distributed, sharded or compiled:
     objective = parallelize(objective, cfg, device)   # DDP before torch.compile, or FSDP2 over compiled blocks, or as
                                                  # it is; before the optimizer (FSDP's parameters are its shards)
     objective(x, y, mask)                        # a micro-batch's forward, as the objective returns it
+    objective.jreg_lambda                        # the objective's λ (loss.Objective)
     objective.set_gradient_sync(on)              # whether this micro-batch's backward reduces gradients
     objective.clip_grad_norm(max_norm)           # the global gradient norm (a plain tensor), gradients clipped
     objective.evaluate(x, y)                     # the model's forward, eager (validation: no compile, no hooks)
@@ -105,6 +106,7 @@ class Parallel:
 
     def __init__(self, objective, forward, set_gradient_sync):
         self.model, self.forward, self.set_gradient_sync = objective.model, forward, set_gradient_sync
+        self.jreg_lambda = objective.jreg_lambda                  # λ, by which the loop weighs the penalty
 
     def __call__(self, *args):
         return self.forward(*args)
@@ -177,10 +179,10 @@ def compile_seconds():
 
 
 def wrap_ddp(module, device):
-    """DDP as torchtitan sets it for a compiled model: no broadcast of buffers (the only ones, RoPE's tables, never
-    change) and 100 MB gradient buckets (compiled DDP breaks the graph at each bucket: 25 MB cut a 170M model's into
-    ~26 pieces). Gradients are views into the buckets (gradient_as_bucket_view), not a second copy of each: 0.65 GB of
-    fp32 at 170M, and a copy per bucket a step."""
+    """DDP as torchtitan sets it for a compiled model: no broadcast of buffers (RoPE's tables and the penalty's layer
+    weights, never changed) and 100 MB gradient buckets (compiled DDP breaks the graph at each bucket: 25 MB cut a
+    170M model's into ~26 pieces). Gradients are views into the buckets (gradient_as_bucket_view), not a second copy
+    of each: 0.65 GB of fp32 at 170M, and a copy per bucket a step."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else \
         "broadcast_buffers"                                      # its name before torch 2.13

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import config as CF
-from jreg import JregObjective, Profile, displacement, jreg_penalty, jump_rate, layer_weights, streams
+from jreg import Profile, displacement, jreg_penalty, jump_rate, layer_weights, streams
+from loss import Objective
 from model import Llama, LlamaConfig, PRESETS
 from conftest import assert_close_ulps
 
@@ -220,7 +221,7 @@ def test_init_is_depth_scaled():
 
 
 def test_the_training_objective_honours_every_jreg_setting():
-    """JregObjective (train.py's penalty) = jreg_penalty and displacement on the streams its settings name: α, the
+    """loss.Objective (train.py's penalty) = jreg_penalty and displacement on the streams its settings name: α, the
     weighting, h_L raw or normed (a final-norm gain that turns h_L, as trained ones do), position 0, the mask."""
     torch.manual_seed(0)
     model = Llama(LlamaConfig(vocab_size=97, n_layer=3, n_head=4, n_kv_head=2, d_model=32, ffn_hidden=48,
@@ -232,7 +233,7 @@ def test_the_training_objective_honours_every_jreg_setting():
     real[1, 6:] = False
     for normed, skip, weighting, alpha in [(True, True, "depth", 3.0), (False, False, "last", 0.5),
                                            (True, False, "index", 3.0)]:
-        objective = JregObjective(model, alpha=alpha, weighting=weighting, final_norm=normed, skip_first=skip)
+        objective = Objective(model, alpha=alpha, weighting=weighting, final_norm=normed, skip_first=skip)
         ce, penalty, terms, logged = objective(idx, y, real)
         psi = logged["psi"]
         assert terms.keys() == {"ce"} and torch.equal(terms["ce"], ce.detach()) and torch.equal(logged["jreg"], penalty)
@@ -261,7 +262,7 @@ def test_a_cached_forward_goes_on_after_the_cache():
 
 
 def test_the_chunked_loss_is_the_cross_entropy_of_the_head():
-    """loss.cross_entropy(head, h, y, rows) = F.cross_entropy(head(h), y, ignore_index=-1), its docstring's promise:
+    """loss.cross_entropy(head, h, y, loss_chunk) = F.cross_entropy(head(h), y, ignore_index=-1), its docstring's promise:
     with and without gradients, chunks that do not divide the positions (7 into 20), ignored targets, a head with a
     bias; the same gradients for h and the head; its one term, ce, is the loss itself, detached."""
     from loss import cross_entropy
@@ -269,13 +270,13 @@ def test_the_chunked_loss_is_the_cross_entropy_of_the_head():
     head = torch.nn.Linear(16, 41, bias=True)
     h, y = torch.randn(2, 10, 16, requires_grad=True), torch.randint(-1, 41, (2, 10))
     full = torch.nn.functional.cross_entropy(head(h).flatten(0, 1), y.flatten(), ignore_index=-1)
-    chunked, terms = cross_entropy(head, h, y, rows=7)
+    chunked, terms = cross_entropy(head, h, y, loss_chunk=7)
     assert_close_ulps(chunked, full, ulps=16)
     assert terms.keys() == {"ce"} and torch.equal(terms["ce"], chunked.detach()) and not terms["ce"].requires_grad
     grads = [torch.autograd.grad(loss, [h, head.weight, head.bias]) for loss in (full, chunked)]
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
     with torch.no_grad():
-        assert_close_ulps(cross_entropy(head, h, y, rows=7)[0], full, ulps=16)
+        assert_close_ulps(cross_entropy(head, h, y, loss_chunk=7)[0], full, ulps=16)
 
 
 def test_an_edit_to_the_head_reaches_the_training_loss():

@@ -26,7 +26,8 @@ from checkpoint import Checkpoints, list_checkpoints, restore
 from config import derived, fail, load_config, usage
 from data import (
     PackedStream, ShardStream, data_identity, is_conversations, load_manifest, split_over_processes, val_windows)
-from jreg import JregObjective, Profile, jump_rate
+from jreg import Profile, jump_rate
+from loss import Objective
 from model import Llama
 from parallel import compile_seconds, gather, parallelize, place, processes, to_device
 from runs import Run, peak_flops, start_weights
@@ -99,11 +100,11 @@ def build_model(cfg, mcfg, device, init_sd):
         model = Llama(mcfg, activation_checkpointing=cfg.activation_checkpointing, loss_chunk=cfg.loss_chunk)
     if init_sd is not None:
         model.load_state_dict(init_sd)
-    # the penalty's settings, all here: w_l = layer_weights(L, α, weighting), h_L's convention, position 0; λ below
-    objective = JregObjective(model, alpha=cfg.jreg_alpha, weighting=cfg.jreg_weighting,
-                              final_norm=cfg.jreg_final_norm, skip_first=cfg.jreg_skip_first,
-                              penalize=cfg.jreg_lambda > 0, early_exit=cfg.early_exit).to(device)
-    objective = parallelize(objective, cfg, device)
+    # what a step minimises, all its settings here: loss (+ early-exit loss) + λ · Σ_l w_l Ψ_l (loss.Objective)
+    objective = Objective(model, jreg_lambda=cfg.jreg_lambda, alpha=cfg.jreg_alpha, weighting=cfg.jreg_weighting,
+                          final_norm=cfg.jreg_final_norm, skip_first=cfg.jreg_skip_first,
+                          early_exit=cfg.early_exit).to(device)
+    objective = parallelize(objective, cfg, device)       # parallel.Parallel: the objective as the loop calls it
     decay, no_decay = [], []
     for p in model.parameters():
         decays = p.dim() >= 2 and (cfg.decay_embeddings or p is not model.tok_emb.weight)
@@ -124,11 +125,12 @@ def token_counts(batch, skip_first):
     return [int(np.count_nonzero(y.numpy() != -1)), int(counted)]
 
 
-def train_step(objective, batches, counts, lam, autocast, stop):
-    """Forward and backward of a step's micro-batches (on the device; counts: their token counts). Returns the step's
-    named means over the whole global batch (tensors on the device): loss = CE + λ · penalty, each term of the loss
-    (ce, ...), the penalty jreg and Ψ_1..Ψ_L (psi), and stopping, how many processes were asked to stop (stop: this
-    one was). A micro-batch's means are weighted by its share of the global batch's targets (the loss's terms) or
+def train_step(objective, batches, counts, autocast, stop):
+    """Forward and backward of a step's micro-batches (on the device; counts: their token counts) through the
+    objective (parallel.Parallel over loss.Objective). Returns the step's named means over the whole global batch
+    (tensors on the device): loss, what was back-propagated (the objective's loss + λ · penalty), each part of the
+    objective's loss (ce, early_exit, ...), the penalty jreg and Ψ_1..Ψ_L (psi), and stopping, how many processes were
+    asked to stop (stop: this one was). A micro-batch's means are weighted by its share of the global batch's targets (the loss's terms) or
     counted tokens (the penalty's), so the weighted sums over every micro-batch of every process are the global means
     (1×8, 2×4 and 8×1 give the same step); they are summed over processes in one all-reduce."""
     totals = counts.sum(0)
@@ -136,19 +138,19 @@ def train_step(objective, batches, counts, lam, autocast, stop):
         dist.all_reduce(totals)                                   # the global batch's targets and counted tokens
     shares = counts / totals.clamp(min=1)                         # each micro-batch's part of them: (CE, Ψ)
     world = dist.get_world_size() if dist.is_initialized() else 1     # DDP and FSDP average gradients over processes
-    sums = {}
+    lam, sums = objective.jreg_lambda, {"loss": 0.0}
     for micro, (x, y, mask) in enumerate(batches):
         objective.set_gradient_sync(micro == len(batches) - 1)   # all-reduced once, after the last micro-batch
         with autocast:
-            ce, penalty, per_target, per_token = objective(x, y, mask)   # one forward: means, and those to log
+            loss, penalty, per_target, per_token = objective(x, y, mask)   # one forward: means, and those to log
         ce_share, psi_share = shares[micro]
-        loss = ce * ce_share + lam * penalty * psi_share         # CE + λ · Σ_l w_l Ψ_l, this part of it
-        (loss * world).backward()                                 # × world: the processes' average is their sum
+        part = loss * ce_share + lam * penalty * psi_share        # loss + λ · Σ_l w_l Ψ_l, this micro-batch's part
+        (part * world).backward()                                 # × world: the processes' average is their sum
+        sums["loss"] = sums["loss"] + loss.detach() * ce_share    # the loss as back-propagated (+ λ · jreg below)
         for values, share in ((per_target, ce_share), (per_token, psi_share)):
             for name, value in values.items():
                 sums[name] = sums.get(name, 0.0) + value * share
-    terms = sum(sums[name] for name in per_target)                # the loss's terms: ce, and any added to loss.py
-    sums = {"loss": terms + lam * sums["jreg"], **sums, "stopping": torch.tensor(float(stop), device=shares.device)}
+    sums = {**sums, "loss": sums["loss"] + lam * sums["jreg"], "stopping": torch.tensor(float(stop), device=shares.device)}
     if dist.is_initialized():                                     # the sums over processes: the global means
         flat = torch.cat([value.reshape(-1) for value in sums.values()])
         dist.all_reduce(flat)
@@ -259,7 +261,7 @@ def main(argv):
         t0, lr = time.time(), lr_at(step, cfg)
         for param_group in optimizer.param_groups:
             param_group["lr"] = lr
-        means = train_step(objective, batches, counts, cfg.jreg_lambda, autocast, run.stop_requested())
+        means = train_step(objective, batches, counts, autocast, run.stop_requested())
         grad_norm = objective.clip_grad_norm(cfg.grad_clip)
         batches, counts = batches_at(seq_index + seqs_per_step)   # the next step's, read while the device works
         means["zeta"], means["grad_norm"] = jump_rate(means.pop("psi")), grad_norm     # ζ_2..ζ_L: on the device

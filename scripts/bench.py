@@ -20,7 +20,7 @@ Speed, measured side by side in one run (ratios, not absolute claims). Random to
 It times, interleaving the contenders so that machine noise hits all of them alike (median of --repeats):
   1. forward + backward: our Llama vs transformers' LlamaForCausalLM with the same weights (skipped without
      transformers or with --no_hf);
-  2. a full training step (forward, backward, clip, AdamW) through train.py's JregObjective, λ = 0 vs λ = 1,
+  2. a full training step (forward, backward, clip, AdamW) through train.py's objective (loss.Objective), λ = 0 vs λ = 1,
      and our training step vs the same step on the Hugging Face model.
 """
 import argparse
@@ -45,7 +45,8 @@ import torch.nn.functional as F
 from checkpoint import list_checkpoints, load_checkpoint
 from config import Config, load_config, model_config
 from data import one_line
-from jreg import JregObjective, jreg_penalty
+from jreg import jreg_penalty
+from loss import Objective
 from lib.commands import check_device, int_at_least
 from lib.generation import generate, generate_uncached
 from lib.hf import llama_to_hf
@@ -185,7 +186,7 @@ def bench_generation(model, device, args):
 
 
 def fwd_bwd(run, x, y, autocast, full=False):
-    """Forward + backward of the λ = 1 training loss of run (CE + the penalty, as JregObjective); returns the loss.
+    """Forward + backward of the λ = 1 training loss of run (CE + the penalty, as loss.Objective); returns the loss.
     full: the cross-entropy of the full logits instead of the chunked loss."""
     def fn():
         with autocast:
@@ -434,7 +435,7 @@ def bench_training(mcfg, device, args, autocast, x, y):
     def objective(lam):
         torch.manual_seed(0)
         model = Llama(mcfg).to(device)
-        obj = JregObjective(model, alpha=1.0, penalize=lam > 0).to(device)
+        obj = Objective(model, jreg_lambda=lam, alpha=1.0).to(device)
         run = torch.compile(obj) if args.compile else obj
         def loss(a, b):
             ce, penalty, *_ = run(a, b)

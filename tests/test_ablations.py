@@ -77,7 +77,7 @@ def training_loss(objective, cfg, batch):
     (loss, ce, jreg, psi, ...), tensors, as attributes."""
     counts = torch.tensor([train.token_counts(batch, cfg.jreg_skip_first)])
     spread = parallelize(objective, dataclasses.replace(cfg, compile=False), CPU)     # one process: as it is
-    return types.SimpleNamespace(**train.train_step(spread, [batch], counts, cfg.jreg_lambda, nullcontext(), False))
+    return types.SimpleNamespace(**train.train_step(spread, [batch], counts, nullcontext(), False))
 
 
 def kjv_config(*args):

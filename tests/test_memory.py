@@ -12,7 +12,8 @@ from scripts.bench import estimate, measured_peak
 from config import Config
 import loss as loss_module
 import model as model_module
-from jreg import JregObjective, jreg_penalty
+from jreg import jreg_penalty
+from loss import Objective
 from model import Llama, LlamaConfig
 from conftest import assert_close_ulps
 
@@ -79,7 +80,7 @@ def test_objective_never_materialises_logits():
     seen = []
     model.register_forward_hook(lambda module, args, out: seen.append(out.logits))
     idx, targets = batch(97)
-    ce, penalty, _, _ = JregObjective(model)(idx, targets)
+    ce, penalty, _, _ = Objective(model)(idx, targets)
     assert seen == [None] and torch.isfinite(ce) and penalty.requires_grad
 
 
@@ -88,7 +89,7 @@ def test_activation_checkpointing_gives_identical_losses_and_gradients(autocast)
     torch.manual_seed(0)
     model = Llama(tiny())
     idx, targets = batch(97)
-    objective = JregObjective(model)
+    objective = Objective(model)
 
     def run():
         model.zero_grad(set_to_none=True)
@@ -175,7 +176,7 @@ def test_estimate_matches_measured_activations_and_logits(shape, B, T, mode, che
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode != "fp32"):
             out, ce = forward(model, idx, targets, full=not chunk)
             loss = ce + jreg_penalty(out.hidden_states, 1.0)
-        del out                                                  # as JregObjective: nothing but the loss kept
+        del out                                                  # as loss.Objective: nothing but the loss kept
         loss.backward()
     for p in model.parameters():
         p.grad = torch.zeros_like(p)

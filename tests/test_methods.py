@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import config as CF
-from jreg import JregObjective
+from loss import Objective
 from model import KVCache, Llama, LlamaConfig, apply_rope
 
 from test_train import HERE, TINY, data_dir, read_log, run  # noqa: F401 (data_dir: a fixture)
@@ -112,13 +112,13 @@ def test_the_early_exit_loss_is_the_logit_lens_cross_entropy():
     """CE + w · mean over ℓ < L of CE(head(N(h_ℓ)), y), in the objective beside JREG's penalty; logged as early_exit."""
     m, idx = model(), torch.randint(0, 97, (2, 12))
     y = torch.randint(-1, 97, (2, 12))
-    loss, penalty, terms, logged = JregObjective(m, early_exit=0.3)(idx, y)
+    loss, penalty, terms, logged = Objective(m, early_exit=0.3)(idx, y)
     out = m(idx)
     ce = lambda h: F.cross_entropy(m.lm_head(m.norm(h)).flatten(0, 1), y.flatten(), ignore_index=-1)   # noqa: E731
     lens = 0.3 * sum(ce(h) for h in out.hidden_states[1:-1]) / 3
     assert torch.allclose(loss, ce(out.hidden_states[-1]) + lens, atol=1e-5)
     assert terms.keys() == {"ce", "early_exit"} and torch.allclose(terms["early_exit"], lens, atol=1e-5)
-    assert torch.equal(JregObjective(m)(idx, y)[0], m(idx, y).loss)           # off: the model's loss alone
+    assert torch.equal(Objective(m)(idx, y)[0], m(idx, y).loss)           # off: the model's loss alone
 
 
 @pytest.mark.parametrize("name", list(METHODS))

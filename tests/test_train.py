@@ -25,10 +25,11 @@ import data as D
 from lib import preparation as PREP
 import tokenizer as TOK
 import jreg
+import loss as LOSS
 import model as M
 from lib import commands
 import runs as R
-from jreg import JregObjective
+from loss import Objective
 from lib.hf import llama_to_hf
 from parallel import parallelize
 from scripts import convert_hf
@@ -199,15 +200,15 @@ def test_validation_never_compiles(data_dir, tmp_path):
         block.compile(backend=counter)
     _, val = train.data_streams(cfg, 320, 8, train.processes())       # 8 windows: micro-batches of 3, 3 and 2
     assert [len(x) for x, _, _ in val] == [3, 3, 2]
-    objective = parallelize(JregObjective(model), cfg, torch.device("cpu"))         # as train.build_model spreads it
+    objective = parallelize(Objective(model), cfg, torch.device("cpu"))         # as train.build_model spreads it
     out = train.validate(objective, val, cfg, torch.device("cpu"), contextlib.nullcontext())
     assert counter.frame_count == 0 and math.isfinite(out["val_loss"])
     torch._dynamo.reset()
 
 
 def nan_from_call(monkeypatch, first, last=None):
-    """JregObjective.forward returns a NaN CE on its calls first..last (1-based; 2 calls per step in TINY)."""
-    real_forward, calls = jreg.JregObjective.forward, []
+    """loss.Objective.forward returns a NaN loss on its calls first..last (1-based; 2 calls per step in TINY)."""
+    real_forward, calls = LOSS.Objective.forward, []
 
     def forward(self, x, y, mask=None):
         calls.append(1)
@@ -215,7 +216,7 @@ def nan_from_call(monkeypatch, first, last=None):
         if first <= len(calls) <= (last or len(calls)):                 # the loss and its logged terms alike
             ce, terms = ce * float("nan"), {name: value * float("nan") for name, value in terms.items()}
         return ce, penalty, terms, logged
-    monkeypatch.setattr(jreg.JregObjective, "forward", forward)
+    monkeypatch.setattr(LOSS.Objective, "forward", forward)
 
 
 def test_a_checkpoint_that_cannot_be_written_is_one_line_and_leaves_no_partial_file(data_dir, tmp_path, monkeypatch):
@@ -797,9 +798,9 @@ def test_weight_decay_spares_norms_and_embeddings_unless_asked(data_dir):
 def test_process_group_timeout_and_activation_checkpointing_are_settings(data_dir, tmp_path, monkeypatch):
     """dist_timeout_min reaches init_process_group (the default 10 minutes is shorter than a 3.4B checkpoint's
     gather and write); activation_checkpointing reaches the model. One process under torch.distributed (gloo)."""
-    seen, real_init, real_objective = {}, train.dist.init_process_group, train.JregObjective.__init__
+    seen, real_init, real_objective = {}, train.dist.init_process_group, train.Objective.__init__
     monkeypatch.setattr(train.dist, "init_process_group", lambda *a, **k: (seen.update(k), real_init(*a, **k))[1])
-    monkeypatch.setattr(train.JregObjective, "__init__", lambda self, model, **kw: (
+    monkeypatch.setattr(train.Objective, "__init__", lambda self, model, **kw: (
         seen.update(blocks=model.activation_checkpointing), real_objective(self, model, **kw))[1])
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
                        ("MASTER_PORT", str(29500 + os.getpid() % 1000))):
