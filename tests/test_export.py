@@ -23,6 +23,7 @@ from tokenizer import HFTokenizer, get_tokenizer
 from lib.conversations import prompt_ids, render
 from scripts.prepare_sft import clean, to_messages
 from lib import commands
+import data as D
 from lib import tasks as TK
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
@@ -350,3 +351,116 @@ def test_a_full_disk_is_one_line_with_the_free_space_and_nothing_half_written(tm
                             rf"{re.escape(str(tmp_path))}; nothing written", message), message
     assert sorted(os.listdir(tmp_path)) == ["hf", "run"]
     assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+
+
+# ---- the conversion of a Hugging Face Llama (scripts/convert_hf.py): its lock, its vocabulary, Ctrl-C ---------------
+
+def tiny_hf(path, vocab_size=320):
+    """hf:PATH, a Hugging Face Llama folder without a tokenizer (so the data's is taken: --tokenizer)."""
+    from lib.hf import llama_to_hf
+    torch.manual_seed(0)
+    llama_to_hf(Llama(LlamaConfig(vocab_size=vocab_size, n_layer=2, n_head=4, n_kv_head=2, d_model=32, ffn_hidden=64,
+                                  max_seq_len=128))).save_pretrained(path)
+    return f"hf:{path}"
+
+
+def test_a_conversion_holds_its_folder_from_start_to_end(tmp_path, monkeypatch, capsys):
+    """While a conversion runs, a second one into the same folder is refused in one line naming it, and so is a training
+    process there; the first's "wrote OUT" is true. (Before: both ran into a new folder; the first said "wrote OUT"
+    while OUT was gone, its checkpoint stranded in OUT.old, which the next conversion deleted.)"""
+    import runs
+    from scripts import convert_hf
+    source, out = tiny_hf(tmp_path / "llama"), tmp_path / "out"
+    weights, refusals = convert_hf.hf_weights, []
+
+    def meanwhile(name, tokenizer):                       # while the first loads the model
+        if refusals:                                      # (a second conversion that was not refused)
+            return weights(name, tokenizer)
+        refusals.append(None)
+        for attempt in (lambda: convert_hf.main([source, str(out), "--tokenizer=bytes", "--overwrite"]),
+                        lambda: runs.lock_run(str(out))):
+            with pytest.raises(SystemExit) as e:
+                attempt()
+            refusals.append(str(e.value.code))
+        return weights(name, tokenizer)
+    monkeypatch.setattr(convert_hf, "hf_weights", meanwhile)
+    convert_hf.main([source, str(out), "--tokenizer=bytes"])
+    holder = rf"\(pid {os.getpid()} on .* since .*, python -m scripts.convert_hf\)"
+    assert re.fullmatch(rf"error: {re.escape(str(out))} is in use by another conversion {holder}: wait for it to "
+                        "finish or give another OUT_DIR", refusals[1]), refusals
+    assert re.fullmatch(rf"error: {re.escape(str(out))} is in use by another training process {holder}; .*",
+                        refusals[2]), refusals
+    assert f"wrote {out}: ckpt_0000000.pt; train from it" in capsys.readouterr().out
+    assert sorted(os.listdir(tmp_path)) == ["llama", "out"] and os.listdir(out) == ["ckpt_0000000.pt"]   # no lock
+
+
+def test_a_conversion_between_its_renames_is_refused_and_a_killed_one_gives_the_old_folder_back(tmp_path):
+    """A conversion between its two renames (OUT as OUT.old, the new folder in OUT.tmp, whose lock it holds) refuses
+    another, which touches nothing; killed there, the next conversion puts the old folder back first. (Before: the
+    next conversion deleted OUT.old, and the first's rename then failed or its folder went.)"""
+    from scripts import convert_hf
+    source, out = tiny_hf(tmp_path / "llama"), tmp_path / "out"
+    convert_hf.main([source, str(out), "--tokenizer=bytes"])
+    os.rename(out, tmp_path / "out.old")
+    os.makedirs(tmp_path / "out.tmp")
+    held = D.lock_file(str(tmp_path / "out.tmp" / "run.lock"), "held")
+    held.truncate(0)
+    held.write(f"pid {os.getpid()} on here since now, python -m scripts.convert_hf\n")     # as a conversion's lock
+    held.flush()
+    with pytest.raises(SystemExit, match=r"^error: \S*out is in use by another conversion \(pid \d+ .*convert_hf\)"):
+        convert_hf.main([source, str(out), "--tokenizer=bytes", "--overwrite"])
+    assert sorted(os.listdir(tmp_path)) == ["llama", "out.old", "out.tmp"]
+    held.close()                                          # killed there
+    with pytest.raises(SystemExit, match=r"^error: \S*out holds checkpoints \(steps \[0\]\): give another OUT_DIR"):
+        convert_hf.main([source, str(out), "--tokenizer=bytes"])
+    assert sorted(os.listdir(tmp_path)) == ["llama", "out"] and os.listdir(out) == ["ckpt_0000000.pt"]
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_at_conversion(tmp_path):
+    """As export refuses it (lib.hf.check_vocabulary): chat.py would index past the embedding. (Before: converted with
+    a note, then chat.py's IndexError.)"""
+    from scripts import convert_hf
+    source = tiny_hf(tmp_path / "llama")
+    with pytest.raises(SystemExit, match=rf"^error: {re.escape(source)}: the model's vocabulary \(320\) is smaller "
+                                         r"than that of tokenizer 'gpt2' \(50257\)$"):
+        convert_hf.main([source, str(tmp_path / "out"), "--tokenizer=gpt2"])
+    assert sorted(os.listdir(tmp_path)) == ["llama"]
+
+
+SLOW_WRITE = ("import runpy, sys, time, torch\n"          # scripts.convert_hf whose checkpoint write takes a minute
+              "save = torch.save\n"
+              "def slow(*a, **k):\n"
+              "    save(*a, **k)\n"
+              "    print('written', flush=True)\n"
+              "    time.sleep(60)\n"
+              "torch.save = slow\n"
+              "runpy.run_module('scripts.convert_hf', run_name='__main__')\n")
+
+
+def test_ctrl_c_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    """Ctrl-C while the checkpoint is written: "interrupted: nothing written", exit status 130, no traceback, no
+    OUT_DIR, OUT_DIR.tmp or lock left; an OUT_DIR that --overwrite would replace stays as it was. (Before: a
+    KeyboardInterrupt traceback.)"""
+    import signal
+    from scripts import convert_hf
+    source, out = tiny_hf(tmp_path / "llama"), tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-c", SLOW_WRITE, source, str(out), "--tokenizer=bytes"], cwd=HERE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "written\n" in iter(p.stdout.readline, "")     # after the note that the folder has no tokenizer
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 130 and err.endswith("\ninterrupted: nothing written\n") and "Traceback" not in err, err
+    assert sorted(os.listdir(tmp_path)) == ["llama"]
+    convert_hf.main([source, str(out), "--tokenizer=bytes"])
+    before = (out / "ckpt_0000000.pt").read_bytes()
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(torch, "save", interrupted)
+    with pytest.raises(SystemExit, match="^interrupted: nothing written$"):
+        convert_hf.main([source, str(out), "--tokenizer=bytes", "--overwrite"])
+    assert sorted(os.listdir(tmp_path)) == ["llama", "out"] and os.listdir(out) == ["ckpt_0000000.pt"]
+    assert (out / "ckpt_0000000.pt").read_bytes() == before
