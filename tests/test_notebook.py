@@ -1,8 +1,9 @@
 """notebooks/tour.ipynb runs top to bottom without an error, executed by `notebooks/run.py --fast` (a slice of the KJV
 and runs of a few steps in a temporary folder, the committed notebook untouched), which says that its numbers mean
 nothing; the runner, stopped by SIGTERM, SIGHUP (its terminal closed) or SIGKILL while the notebook trains, leaves no
-training process behind; the exercise's check tells jreg.py as shipped from jreg.py with docs/ablations.md's edit; and
-the committed notebook holds the outputs of a full run, in order, without an error."""
+training process behind, and but for SIGKILL no temporary folder; Ctrl-C or SIGTERM ends it in one line naming the
+signal; the exercise's check tells jreg.py as shipped from jreg.py with docs/ablations.md's edit; and the committed
+notebook holds the outputs of a full run, in order, without an error."""
 import glob
 import importlib.util
 import json
@@ -66,21 +67,33 @@ def finished_runs(folder):
     return found
 
 
+def start_runner(tmp_path, *args):
+    """notebooks/run.py ARGS in its fast mode, its temporary folders in tmp_path (through TMPDIR), its output in
+    tmp_path/runner.log."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "JREG_NOTEBOOK_FAST": "1"}
+    with open(tmp_path / "runner.log", "w") as log:
+        return subprocess.Popen([sys.executable, os.path.join(ROOT, "notebooks", "run.py"), *args], cwd=ROOT, env=env,
+                                stdout=log, stderr=log)
+
+
+def wait_for_training(runner, tmp_path):
+    """Until the runner's first training runs have started."""
+    deadline = time.time() + 120
+    while not trainers(tmp_path) and runner.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    assert trainers(tmp_path), "no training started:\n" + open(tmp_path / "runner.log").read()[-3000:]
+
+
 @pytest.mark.allow_skip
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda sig: sig.name)
 def test_a_stopped_runner_leaves_no_training_behind(tmp_path, sig):
-    """The runner in its fast mode (the notebook's temporary folder in tmp_path, through TMPDIR), signalled as soon as
-    its first training runs have started: within 30 s no process of them is left, and none trained on to its end."""
-    env = {**os.environ, "TMPDIR": str(tmp_path), "JREG_NOTEBOOK_FAST": "1"}
-    with open(tmp_path / "runner.log", "w") as log:
-        runner = subprocess.Popen([sys.executable, os.path.join(ROOT, "notebooks", "run.py"), "--out",
-                                   str(tmp_path / "tour.ipynb")], cwd=ROOT, env=env, stdout=log, stderr=log)
+    """The runner in its fast mode, signalled as soon as its first training runs have started: within 30 s no process
+    of them is left, and none trained on to its end; but for SIGKILL, nothing is left in its temporary folder (the
+    slice of the text, the runs) when it has ended."""
+    runner = start_runner(tmp_path, "--out", str(tmp_path / "tour.ipynb"))
     try:
-        deadline = time.time() + 120
-        while not trainers(tmp_path) and runner.poll() is None and time.time() < deadline:
-            time.sleep(0.1)
-        assert trainers(tmp_path), "no training started:\n" + open(tmp_path / "runner.log").read()[-3000:]
+        wait_for_training(runner, tmp_path)
         runner.send_signal(sig)
         runner.wait(60)
         deadline = time.time() + 30
@@ -90,6 +103,29 @@ def test_a_stopped_runner_leaves_no_training_behind(tmp_path, sig):
         assert not left, f"left running after {sig.name} to the runner: " + "; ".join(
             f"pid {pid} (parent {open(f'/proc/{pid}/stat').read().split()[3]}): {cmd}" for pid, cmd in left.items())
         assert not finished, f"trained on to their last step after {sig.name} to the runner: {finished}"
+        if sig != signal.SIGKILL:
+            assert sorted(os.listdir(tmp_path)) == ["runner.log"], f"left after {sig.name}: {os.listdir(tmp_path)}"
+    finally:
+        runner.kill()
+        for pid in trainers(tmp_path):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.allow_skip
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda sig: sig.name)
+def test_an_interrupted_runner_says_so_in_one_line(tmp_path, sig):
+    """Ctrl-C or SIGTERM to the runner while the notebook trains: it exits non-zero with one line naming the signal,
+    without a traceback (nbclient's or the kernel's), and leaves nothing behind: not the executed copy's folder."""
+    runner = start_runner(tmp_path)
+    try:
+        wait_for_training(runner, tmp_path)
+        runner.send_signal(sig)
+        assert runner.wait(60) != 0
+        log = open(tmp_path / "runner.log").read()
+        assert log.splitlines()[-1].startswith(f"interrupted by {sig.name}: "), log[-3000:]
+        assert "Traceback" not in log and "Error" not in log, log[-3000:]
+        assert sorted(os.listdir(tmp_path)) == ["runner.log"], f"left after {sig.name}: {os.listdir(tmp_path)}"
     finally:
         runner.kill()
         for pid in trainers(tmp_path):
