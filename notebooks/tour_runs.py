@@ -267,7 +267,18 @@ def check_weighting(name, expected, pythonpath=None):
 # ---- run as a script: the launcher of one training run (`launch`)
 
 if __name__ == "__main__":                  # python tour_runs.py PARENT_PID PROGRAM ARGS...
-    parent, argv = int(sys.argv[1]), sys.argv[2:]
+    import argparse
+    p = argparse.ArgumentParser(usage="python notebooks/tour_runs.py PARENT_PID PROGRAM [ARGS ...]",
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="The launcher of one of the notebook's training runs (`launch`): becomes "
+                                "python PROGRAM ARGS, which gets SIGTERM\nwhen process PARENT_PID ends. The notebook "
+                                "imports this file for the rest:\n" + __doc__)
+    p.add_argument("parent", type=int, metavar="PARENT_PID", help="the process whose end stops the run")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="PROGRAM ARGS", help="what to run: python PROGRAM ARGS")
+    a = p.parse_args()
+    if not a.argv:
+        p.error("PROGRAM is required")
+    parent, argv = a.parent, a.argv
     if sys.platform.startswith("linux"):
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

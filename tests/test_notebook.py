@@ -2,8 +2,8 @@
 and runs of a few steps in a temporary folder, the committed notebook untouched), which says that its numbers mean
 nothing; the runner, stopped by SIGTERM, SIGHUP (its terminal closed) or SIGKILL while the notebook trains, leaves no
 training process behind, and but for SIGKILL no temporary folder; Ctrl-C or SIGTERM ends it in one line naming the
-signal; the exercise's check tells jreg.py as shipped from jreg.py with docs/ablations.md's edit; and the committed
-notebook holds the outputs of a full run, in order, without an error."""
+signal; notebooks/tour_runs.py --help is a usage; the exercise's check tells jreg.py as shipped from jreg.py with
+docs/ablations.md's edit; and the committed notebook holds the outputs of a full run, in order, without an error."""
 import glob
 import importlib.util
 import json
@@ -130,6 +130,19 @@ def test_an_interrupted_runner_says_so_in_one_line(tmp_path, sig):
         runner.kill()
         for pid in trainers(tmp_path):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_the_launchers_help_is_a_usage():
+    """notebooks/tour_runs.py run as a script is the launcher of one training run: --help says so, a wrong call is a
+    usage line and one error line."""
+    launcher = [sys.executable, os.path.join(ROOT, "notebooks", "tour_runs.py")]
+    shown = subprocess.run([*launcher, "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: ") and "PARENT_PID PROGRAM" in shown.stdout
+    assert "tour = start()" in shown.stdout and not shown.stderr                # and what the notebook imports
+    for wrong in ([], ["train.py"], [str(os.getpid())]):
+        refused = subprocess.run([*launcher, *wrong], cwd=ROOT, capture_output=True, text=True)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert len(refused.stderr.splitlines()) == 2 and "error: " in refused.stderr.splitlines()[1]
 
 
 def edited_jreg(folder, diff):
