@@ -92,6 +92,71 @@ def test_accept_prose_writes_the_ledger_the_check_then_passes(tmp_path, monkeypa
     assert collect.main(["--check"]) == 0
 
 
+@pytest.mark.parametrize("page, old, new, sentence", [
+    ("docs/evaluation.md", "8% of its answers", "12% of its answers", "for the KJV models: [12%] of its answers"),
+    ("docs/evaluation.md", "majority rate is 1.00", "majority rate is 0.97", "SciQ's majority rate is [0.97]"),
+    ("docs/layers.md", "± 0.05 per cell and ± 0.02", "± 0.02 per cell and ± 0.05",             # two results swapped
+     "per cell and ± [0.05] on the averages"),
+])
+def test_a_result_number_changed_by_hand_is_refused_by_accept_prose(page, old, new, sentence, tmp_path, monkeypatch,
+                                                                     capsys):
+    """A result number (a percentage, a rate: no setting of configs/ or default of the code holds it) changes only
+    through its generator: --accept-prose names it and its sentence in one error: line, writes no ledger, and --check
+    stays red (before, a number standing anywhere in the code counted as a setting: 12 and 0.97 do, so both edits were
+    accepted and the check was green again)."""
+    copy_pages(tmp_path, monkeypatch)
+    text = (tmp_path / page).read_text()
+    assert old in text
+    (tmp_path / page).write_text(text.replace(old, new, 1))
+    ledger = (tmp_path / collect.LEDGER).read_text()
+    assert collect.main(["--accept-prose"]) == 1
+    number = sentence[sentence.index("[") + 1:sentence.index("]")]
+    errors = [line for line in capsys.readouterr().out.splitlines()
+              if line.startswith("error:") and f"[{number}]" in line]
+    assert len(errors) == 1 and sentence in errors[0] and "generator" in errors[0], errors
+    assert (tmp_path / collect.LEDGER).read_text() == ledger
+    assert collect.main(["--check"]) == 1
+    assert sentence in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("page, old, new", [
+    ("README.md", "**Limitations.**", "**Limitations.** The 3.4B runs peak at lr 1.5e-4, fine-tuning warms up over 3% "
+                                      "of its steps, the gpu check stops after 540 s."),  # a config's, a ...ratio, BUDGET_S
+    ("docs/evaluation.md", "for the KJV models: 8% of its answers",                  # new words, the same result
+     "for the KJV models, as 8% of its answers"),
+])
+def test_accept_prose_takes_settings_and_words_moved_beside_a_result(page, old, new, tmp_path, monkeypatch, capsys):
+    """What --accept-prose still takes: numbers that the settings bind to a name, and new words beside an unchanged
+    result number (the same number on the page, the same words on one side)."""
+    copy_pages(tmp_path, monkeypatch)
+    text = (tmp_path / page).read_text()
+    assert old in text
+    (tmp_path / page).write_text(text.replace(old, new, 1))
+    assert collect.main(["--check"]) == 1
+    assert collect.main(["--accept-prose"]) == 0, capsys.readouterr().out
+    assert collect.main(["--check"]) == 0, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--chek"], ["--check", "--accept-prose"]])
+def test_an_unknown_argument_is_refused_and_nothing_is_written(argv, tmp_path, monkeypatch, capsys):
+    """One error: line, exit status 2, no page, ledger or plot written (before, --chek ran the writing mode: the stale
+    block rewritten, the plots drawn)."""
+    copy_pages(tmp_path, monkeypatch)
+    drawn = []
+    monkeypatch.setattr(collect.numbers_reproduction, "plots", lambda *a: drawn.append("seed study"))
+    monkeypatch.setattr(collect.numbers_methods, "plot", lambda *a: drawn.append("methods"))
+    generated = collect.blocks()
+    readme = (tmp_path / "README.md").read_text()
+    (tmp_path / "README.md").write_text(readme.replace(generated["kjv-seeds"],
+                                                       generated["kjv-seeds"].replace("±", "+/-", 1)))
+    files = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    assert collect.main(argv) == 2
+    out = capsys.readouterr()
+    said = [line for line in (out.out + out.err).splitlines() if line.strip()]
+    assert len(said) == 1 and said[0].startswith("error: ") and argv[-1] in said[0], said
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == files and drawn == []
+
+
 def test_intervals_by_hand():
     """mean ± sd with n − 1; the 95% t interval with t(0.975, n − 1): 2.776 for 5 values."""
     mean, sd = repro.mean_sd([1.0, 2.0, 3.0, 4.0, 5.0])
