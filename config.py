@@ -204,13 +204,13 @@ def check_config(cfg):
     for key in ("seed", "warmup_steps", "eval_interval", "max_bad_steps", "keep_every"):
         need(getattr(cfg, key) >= 0, key, "must be 0 or more")
     need(cfg.seed < 2 ** 63, "seed", "must be below 2**63 (torch's seed)")
-    for key in ("lr", "weight_decay", "grad_clip", "jreg_lambda", "jreg_alpha", "epochs", "warmup_ratio"):
+    for key in ("lr", "weight_decay", "grad_clip", "jreg_lambda", "jreg_alpha", "epochs", "warmup_ratio", "early_exit"):
         need(math.isfinite(getattr(cfg, key)) and getattr(cfg, key) >= 0, key, "must be a finite number >= 0")
+    need(cfg.warmup_ratio <= 1, "warmup_ratio", "is the fraction of max_steps spent warming up: 0 to 1")
     need(0 <= cfg.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
     for key in ("beta1", "beta2"):
         need(0 <= getattr(cfg, key) < 1, key, "must be in [0, 1) (AdamW's)")
     need(cfg.dist_timeout_min <= 10 ** 9, "dist_timeout_min", "must be at most 10**9")
-    need(cfg.early_exit >= 0, "early_exit", "is a weight: 0 (off) or more")
     need(cfg.seq_len >= 2 or not cfg.jreg_skip_first, "jreg_skip_first", "leaves Ψ no token of a 1-token window: "
          "use seq_len >= 2 or jreg_skip_first=False")
     need(cfg.model in PRESETS, "model", f"choose one of {sorted(PRESETS)}")
@@ -252,8 +252,10 @@ def model_config(cfg, weights=None):
         if type(value) is not bool and getattr(LlamaConfig, key) > 0 and not value > 0:
             fail(f"config key {key!r} = {value}: must be > 0")
     try:
-        return dataclasses.replace(base, **cfg.shape, max_seq_len=max(cfg.seq_len, base.max_seq_len))
-    except AssertionError as e:                                   # LlamaConfig's shape checks
-        shape = {**dataclasses.asdict(base), **cfg.shape}
-        fail(f"model shape: {e} (n_head, n_kv_head, d_model = {shape['n_head']}, {shape['n_kv_head']}, "
-             f"{shape['d_model']})")
+        mcfg = dataclasses.replace(base, **cfg.shape, max_seq_len=max(cfg.seq_len, base.max_seq_len))
+    except ValueError as e:                                       # LlamaConfig's checks, each one line
+        fail(f"model shape: {e}")
+    if cfg.early_exit and mcfg.n_layer < 2:
+        fail(f"config key 'early_exit' = {cfg.early_exit!r}: the early-exit loss reads the layers below the last, and "
+             f"a model of n_layer = {mcfg.n_layer} has none: use n_layer >= 2 or early_exit=0")
+    return mcfg

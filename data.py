@@ -22,6 +22,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import socket
 import struct
 import time
@@ -41,13 +42,22 @@ MASK_TOKENIZER, START = "loss-mask", 2  # START: the mask value of a conversatio
 
 
 def write_atomic(path, data):
-    """Write ``data`` (str, bytes or a list of bytes-like parts) to path.tmp, fsync, rename: never a torn file."""
-    with open(f"{path}.tmp", "wb") as f:
-        for part in data if isinstance(data, list) else [data]:
-            f.write(part.encode() if isinstance(part, str) else part)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(f"{path}.tmp", path)
+    """Write ``data`` (str, bytes or a list of bytes-like parts) to path.tmp, fsync, rename: never a torn file. A write
+    that fails (a full disk) is one error line with the free space; path.tmp is removed and path left as it was."""
+    try:
+        with open(f"{path}.tmp", "wb") as f:
+            for part in data if isinstance(data, list) else [data]:
+                f.write(part.encode() if isinstance(part, str) else part)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(f"{path}.tmp", path)
+    except OSError as e:
+        with suppress(OSError):
+            os.remove(f"{path}.tmp")
+        folder = os.path.dirname(os.path.abspath(path))
+        free = shutil.disk_usage(folder).free / 2**30 if os.path.isdir(folder) else 0.0
+        raise SystemExit(f"error: cannot write {path}: {e.strerror or e}; {free:.1f} GiB free in {folder}; "
+                         f"{path} is as it was") from None
 
 
 def lock_file(path, refusal):

@@ -194,8 +194,13 @@ def check_resume(cfg, mcfg, ckpt, path, data_id):
     free = RESUMABLE | {"out_dir"} | ({"data_dir", "tokenizer"} if ckpt.get("data_identity") else set())
     wrong = {k: c for k, c in changed.items() if k not in free}
     # a model setting added since the checkpoint was written reads as its default there, so older runs still resume
-    if {**dataclasses.asdict(LlamaConfig()), **ckpt.get("model_config", {})} != dataclasses.asdict(mcfg):
-        fail(f"checkpoint {path} is of another model: use another out_dir or the same model")
+    was = {**dataclasses.asdict(LlamaConfig()), **ckpt.get("model_config", {})}
+    if other := [f"{k}: run {v!r}, now {getattr(mcfg, k)!r}" for k, v in was.items() if v != getattr(mcfg, k, None)]:
+        fail(f"checkpoint {path} is of another model ({'; '.join(other)}): use another out_dir or the same model")
+    if "optimizer" in ckpt and ckpt["optimizer"] is None and not ckpt.get("sharded"):
+        fail(f"checkpoint {path} holds weights without optimizer state (a converted model, python -m "
+             f"scripts.convert_hf): it is a start, not a run to resume; train from it into a new folder: "
+             f"out_dir=NEW init_from={cfg.out_dir}")
     if "micro_batch" in changed and "eval_batches" not in changed:    # even with eval off now: the checkpoint keeps it
         n, (was, now) = old["eval_batches"] * old["micro_batch"], changed["micro_batch"]
         fail(f"micro_batch {was} -> {now} changes the validation set (eval_batches · micro_batch = {n} windows): "

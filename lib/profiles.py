@@ -75,20 +75,26 @@ def forward_streams(model, idx, skip=None):
     return logits, hidden, normed[0]
 
 
-def readout(model, h):
-    """The logits of a hidden state read through the final norm and the LM head (the logit lens)."""
-    head = model.lm_head if isinstance(model, Llama) else model.get_output_embeddings()
-    return head(blocks_and_norm(model)[1](h))
+def readout(model, h, hidden):
+    """The logits of a hidden state h (the logit lens), as the model reads its own last one: our Llama through its
+    head_input (the final norm, and Backout's − λ·h_k from `hidden`, the forward's streams [h_0..h_L], indexed as h
+    is); another model through its final norm and output embeddings."""
+    if isinstance(model, Llama):
+        return model.lm_head(model.head_input(h, hidden))
+    return model.get_output_embeddings()(blocks_and_norm(model)[1](h))
 
 
 def skip_block_logits(model, idx, hidden, i):
-    """The logits with block i's (0-based) update removed: our Llama reruns only the blocks above it from h_i."""
+    """The logits with block i's (0-based) update removed: our Llama reruns only the blocks above it from h_i (their
+    streams replace the forward's, so a readout that reads a stream above i, Backout's h_k, reads the new one)."""
     if not isinstance(model, Llama):
         return forward_streams(model, idx, skip=i)[0]
     x, cos, sin = hidden[i], model.rope_cos[:idx.size(1)], model.rope_sin[:idx.size(1)]
+    skipped = hidden[:i + 1] + [x]                                  # block i passes its input through
     for block in model.layers[i + 1:]:
         x = block(x, cos, sin)
-    return readout(model, x)
+        skipped.append(x)
+    return readout(model, x, skipped)
 
 
 def loss_sum(logits, targets, valid):
@@ -142,7 +148,7 @@ def profile_model(model, windows, analysis_tokens=None, progress=False):
                               "skipped blocks)", unit="pass", enabled=progress, leave=False) as passes:
                     per_layer = []
                     for h in hidden:
-                        per_layer.append(loss_sum(readout(model, h), y, valid))
+                        per_layer.append(loss_sum(readout(model, h, hidden), y, valid))
                         passes.update()
                     for block in range(len(hidden) - 1):
                         per_layer.append(loss_sum(skip_block_logits(model, x, hidden, block), y, valid))

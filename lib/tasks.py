@@ -310,12 +310,12 @@ def score_tokens(lm, encoded, batch_size=16, progress=False, desc="requests", ex
                 logits, hidden, _ = forward_streams(lm.model, tokens.to(lm.device))
                 rows = torch.tensor([row for _, _, row, a, b in reqs for _ in range(a, b)], device=logits.device)
                 pos = torch.tensor([p for *_, a, b in reqs for p in range(a, b)], device=logits.device)
-                per_exit = []
+                per_exit, picked = [], [h[rows, pos] for h in hidden]      # the scored positions of every stream
                 for l in exits:
                     if l is None or l == len(hidden) - 1:
                         per_exit.append([_score(logits[row, a:b], cont) for _, cont, row, a, b in reqs])
                     else:
-                        lens = readout(lm.model, hidden[l][rows, pos]).split([b - a for *_, a, b in reqs])
+                        lens = readout(lm.model, picked[l], picked).split([b - a for *_, a, b in reqs])
                         per_exit.append([_score(lg, cont) for lg, (_, cont, *_) in zip(lens, reqs)])
                 for k, (i, *_) in enumerate(reqs):
                     results[i] = [scores[k] for scores in per_exit]

@@ -141,10 +141,12 @@ def test_export_folds_layernorm_scaling_and_refuses_the_others_in_one_line():
 
 
 def test_the_settings_are_checked_in_one_line():
-    for bad, what in (("--mix_ln=1.5", "mix_ln is a fraction"), ("--backout_layer=8", "backout_layer is a block"),
-                      ("--early_exit=-1", "early_exit")):
+    for bad, what in (("--mix_ln=1.5", "mix_ln = 1.5 is a fraction"), ("--backout_layer=8", "backout_layer = 8 is a "
+                      "block 1..L-1"), ("--early_exit=-1", "early_exit"), ("--early_exit=inf", "'early_exit' = inf"),
+                      ("--mix_ln=0.1", r"mix_ln = 0.1 of 4 layers turns no block Post-LN"),
+                      ("--n_layer=1", "n_layer = 1 has none")):
         with pytest.raises(SystemExit, match=what):
-            CF.model_config(CF.load_config(TINY + [bad]))
+            CF.model_config(CF.load_config(TINY + [bad] + (["--early_exit=0.1"] if bad == "--n_layer=1" else [])))
     assert CF.model_config(CF.load_config(TINY + ["--mix_ln=0", "--backout_layer=0"])).mix_ln == 0   # 0 is off
 
 
@@ -254,3 +256,89 @@ def test_the_learning_rate_check_marks_each_methods_best_and_checks_the_study(tm
                                    "still costs more than 0.05 at its best lr in one seed.")
     write("runs", "periln", 1.7001)                                 # the study's run differs: said, with how much
     assert "differ from the study's seed-1337 runs by up to 0.0001" in N.lr_check()
+
+
+@pytest.mark.parametrize("name", ["plain", *METHODS])
+def test_the_lens_at_layer_L_is_the_models_own_loss_and_a_skipped_block_is_the_block_removed(name):
+    """The logit lens and the skipped-block loss read a stream as the model reads its own (Llama.head_input): the lens
+    at layer L is the model's loss, and skipping block i equals the forward with block i made the identity, for every
+    method (Backout's − λ·h_k included, its h_k recomputed above a skipped block)."""
+    from lib.profiles import profile_model, skip_block_logits
+    m = model(**({} if name == "plain" else {name: METHODS[name]})).eval()
+    windows = [torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(s)) for s in range(2)]
+    p = profile_model(m, windows)
+    assert abs(p["logit_lens_loss"][-1] - p["analysis_loss"]) < 1e-6 and abs(p["loss"] - p["analysis_loss"]) < 1e-6
+    idx = windows[0][:, :-1]
+    with torch.no_grad():
+        hidden = m(idx).hidden_states
+        for i, block in enumerate(m.layers):
+            skipped = skip_block_logits(m, idx, hidden, i)
+            block.forward = lambda x, *args, **kwargs: x                       # the block removed, in the model
+            assert torch.allclose(skipped, m(idx).logits, atol=1e-5), i
+            del block.forward
+
+
+def test_every_parameter_starts_from_one_rule_that_names_it(monkeypatch):
+    """model.INIT gives each parameter its start; a parameter no rule names is refused when the model is built, and a
+    rule's start is kept (a gate at 0 stays 0: it was set to 1 as "a 1-D parameter"). The rules draw the numbers the
+    name-and-shape scheme drew, for every preset shape and method."""
+    import model as M
+    cfg = LlamaConfig(vocab_size=97, n_layer=4, n_head=4, n_kv_head=2, d_model=32, ffn_hidden=48, max_seq_len=32)
+    real_init = M.MLP.__init__
+
+    def with_gate(self, c):
+        real_init(self, c)
+        self.gate_scale = torch.nn.Parameter(torch.zeros(1))
+    monkeypatch.setattr(M.MLP, "__init__", with_gate)
+    with pytest.raises(ValueError, match=r"^parameter layers\.0\.mlp\.gate_scale \(1,\) has no initialisation rule: "
+                                         r"add its pattern to model.INIT$"):
+        Llama(cfg)
+    monkeypatch.setitem(M.INIT, r"layers\.\d+\.mlp\.gate_scale", 0.0)
+    assert all(b.mlp.gate_scale.item() == 0.0 for b in Llama(cfg).layers)
+    monkeypatch.setattr(M.MLP, "__init__", real_init)
+
+    def by_name_and_shape(m):                                   # the scheme the rules replaced, as it was
+        std = m.config.init_std
+        for name, p in m.named_parameters():
+            if name.endswith("bias"):
+                torch.nn.init.zeros_(p)
+            elif name == "backout_lambda":
+                torch.nn.init.constant_(p, 0.5)
+            elif p.dim() == 1:
+                torch.nn.init.ones_(p)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                torch.nn.init.normal_(p, 0.0, std / math.sqrt(2 * m.config.n_layer))
+            else:
+                torch.nn.init.normal_(p, 0.0, std)
+    for method in [{}, *({k: v} for k, v in METHODS.items()), {"tie_embeddings": True}]:
+        m = Llama(LlamaConfig(**{**cfg.__dict__, **method}))
+        torch.manual_seed(3)
+        m.reset_parameters()
+        ours = {name: p.detach().clone() for name, p in m.named_parameters()}
+        torch.manual_seed(3)
+        with torch.no_grad():
+            by_name_and_shape(m)
+        assert all(torch.equal(ours[name], p) for name, p in m.named_parameters()), method
+
+
+def test_the_logged_loss_is_the_loss_back_propagated(monkeypatch):
+    """A term added to the objective's loss without a name among its logged terms is trained, and logged in `loss`
+    (which was rebuilt from the named terms alone)."""
+    import loss as LOSS
+    import train
+    from parallel import parallelize
+    m, idx = model(), torch.randint(0, 97, (2, 12))
+    y = idx.roll(-1, 1)
+    batch, cfg = (idx, y, None), CF.load_config(TINY + ["--compile=False", "--jreg_lambda=0.5"])
+    counts = torch.tensor([train.token_counts(batch, False)])
+
+    def logged(objective):
+        return train.train_step(parallelize(objective, cfg, torch.device("cpu")), [batch], counts,
+                                torch.autocast("cpu", enabled=False), False)
+    plain = logged(Objective(m, jreg_lambda=0.5))
+    real_forward = LOSS.Objective.forward
+    monkeypatch.setattr(LOSS.Objective, "forward", lambda self, *a: (lambda loss, *rest: (loss + 0.25, *rest))(
+        *real_forward(self, *a)))
+    added = logged(Objective(m, jreg_lambda=0.5))
+    assert torch.allclose(added["loss"], plain["loss"] + 0.25, atol=1e-6) and torch.equal(added["ce"], plain["ce"])
+    assert torch.allclose(plain["loss"], plain["ce"] + 0.5 * plain["jreg"], atol=1e-6)

@@ -1354,3 +1354,58 @@ def test_sharded_fsdp_checkpoints_resume_on_another_number_of_processes(data_dir
     np.testing.assert_allclose([r["loss"] for r in one], [r["loss"] for r in two], rtol=0, atol=1e-5)
     history = json.load(open(tmp_path / "moved" / "config.json"))["history"]
     assert history[1]["changed"] == {"max_steps": [2, 4], "fsdp": [True, False], "async_ckpt": [True, False]}
+
+
+def test_settings_that_would_go_wrong_later_are_one_line_before_anything_is_written(data_dir, tmp_path):
+    """A warm-up longer than the run, an early-exit loss with no layer below the last (once a ZeroDivisionError after
+    the run folder was written), a non-finite weight; and LlamaConfig's range checks hold under python -O (they were
+    asserts: --backout_layer=13 then failed later with an IndexError)."""
+    for bad, message in (("--warmup_ratio=3", "'warmup_ratio' = 3.0: is the fraction of max_steps"),
+                         ("--early_exit=nan", "'early_exit' = nan: must be a finite number"),
+                         ("--n_layer=1 --early_exit=0.1", "and a model of n_layer = 1 has none")):
+        with pytest.raises(SystemExit) as e:
+            run(data_dir, tmp_path / "o", *bad.split())
+        assert str(e.value.code).startswith("error: config key") and message in str(e.value.code)
+        assert not os.path.exists(tmp_path / "o")
+    code = "import sys, config; config.load_config(sys.argv[1:])"
+    r = subprocess.run([sys.executable, "-O", "-c", code, *TINY, "--backout_layer=13"], capture_output=True, text=True,
+                       cwd=HERE)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
+        "error: model shape: backout_layer = 13 is a block 1..L-1 (L = n_layer = 4; 0: off)"), r.stderr
+
+
+def test_a_resume_refused_for_the_model_names_the_setting_and_a_converted_folder_is_a_start(data_dir, tmp_path):
+    """The model setting that differs from the checkpoint's is named; training in the folder a conversion wrote (a
+    step-0 checkpoint without optimizer state: once a TypeError in checkpoint.restore) is one line naming the way."""
+    run(data_dir, tmp_path / "a", "--max_steps=1", "--eval_interval=0")
+    with pytest.raises(SystemExit, match=r"is of another model \(backout_layer: run 0, now 2\): use another out_dir"):
+        run(data_dir, tmp_path / "a", "--max_steps=2", "--eval_interval=0", "--backout_layer=2")
+    ckpt = torch.load(tmp_path / "a" / "ckpt_0000001.pt", weights_only=True)
+    os.makedirs(tmp_path / "converted")
+    torch.save({**ckpt, "optimizer": None, "step": 0, "data_state": {"seq_index": 0}, "data_identity": None},
+               tmp_path / "converted" / "ckpt_0000000.pt")                   # as scripts/convert_hf.py writes one
+    with pytest.raises(SystemExit) as e:
+        run(data_dir, tmp_path / "converted", f"--init_from={tmp_path / 'converted'}", "--max_steps=1",
+            "--eval_interval=0")
+    assert str(e.value.code) == (f"error: checkpoint {tmp_path / 'converted' / 'ckpt_0000000.pt'} holds weights without "
+                                 "optimizer state (a converted model, python -m scripts.convert_hf): it is a start, "
+                                 "not a run to resume; train from it into a new folder: out_dir=NEW "
+                                 f"init_from={tmp_path / 'converted'}")
+    assert sorted(set(os.listdir(tmp_path / "converted")) - {"run.lock"}) == ["ckpt_0000000.pt"]   # a lock: ours
+
+
+def test_a_full_disk_at_a_resume_is_one_line_and_leaves_no_temporary_file(data_dir, tmp_path, monkeypatch):
+    """No space left while the run's records are written (config.json first): one error line with the free space,
+    no config.json.tmp, config.json as it was (before: an OSError traceback and the .tmp left)."""
+    import errno as E
+    run(data_dir, tmp_path / "a", "--max_steps=1", "--eval_interval=0")
+    before = (tmp_path / "a" / "config.json").read_text()
+
+    def full(fd):
+        raise OSError(E.ENOSPC, "No space left on device")
+    monkeypatch.setattr(D.os, "fsync", full)
+    with pytest.raises(SystemExit) as e:
+        run(data_dir, tmp_path / "a", "--max_steps=2", "--eval_interval=0")
+    assert re.fullmatch(rf"error: cannot write {re.escape(str(tmp_path / 'a' / 'config.json'))}: No space left on "
+                        r"device; [\d.]+ GiB free in \S+; \S+config.json is as it was", str(e.value.code))
+    assert not glob.glob(str(tmp_path / "a" / "*.tmp")) and (tmp_path / "a" / "config.json").read_text() == before
