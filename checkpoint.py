@@ -8,6 +8,8 @@ and FSDP alike (torch.distributed.checkpoint.state_dict gives the full or sharde
     list_checkpoints(out_dir) -> [(step, path)]   # complete checkpoints, oldest first
     ckpt = load_checkpoint(path); model_state(ckpt)   # a checkpoint's record and its full weights
     restore(ckpt, model, optimizer)               # its weights and optimizer state into a model built as cfg says
+    init_sd, mcfg = start_weights(cfg, ckpts)     # the weights init_from names (or None) and the model's shape
+    run_dir, step = run_step("RUN_DIR@STEP")      # how every command names a checkpoint
 
 A checkpoint ckpt_NNNNNNN.pt holds the unwrapped model, the optimizer (its state by parameter name), model_config,
 config, the tokenizer's tag (tokenizer.tokenizer_tag: a Hugging Face one with its fingerprint), step, tokens, the data
@@ -33,10 +35,10 @@ from contextlib import suppress
 import torch
 import torch.distributed as dist
 
-from config import fail
-from data import one_line
+from config import fail, model_config
+from files import one_line
 from model import Llama, LlamaConfig
-from tokenizer import tokenizer_tag
+from tokenizer import same_tokenizer, tokenizer_tag
 
 
 class Checkpoints:
@@ -247,4 +249,48 @@ def cannot_write(cfg, path, e, partial=None):
          "once there is room")
 
 
+def start_weights(cfg, ckpts):
+    """(state dict or None, model config) to build the model from; ckpts: list_checkpoints(cfg.out_dir). A fine-tuning
+    run that has a checkpoint resumes from it and never reads init_from again (the source may since have been pruned,
+    deleted or gone offline); a shape setting that contradicts the weights' is an error, not silently ignored."""
+    if not cfg.init_from:
+        return None, model_config(cfg)
+    if ckpts:
+        sd, mcfg = None, LlamaConfig(**load_checkpoint(ckpts[-1][1])["model_config"])
+    else:
+        sd, mcfg = init_weights(cfg.init_from, cfg.tokenizer)
+    shape = {f.name: getattr(mcfg, f.name) for f in dataclasses.fields(LlamaConfig)}
+    if wrong := [f"{k} = {cfg.shape[k]!r} (the weights': {v!r})" for k, v in shape.items()
+                 if cfg.shape.get(k, v) != v]:
+        fail(f"init_from {cfg.init_from!r} gives the model's shape, but {', '.join(wrong)}: leave them out")
+    return sd, model_config(cfg, mcfg)
 
+
+def run_step(spec, step=None):
+    """(run folder, step) of RUN_DIR, RUN_DIR@STEP or RUN_DIR@latest (step None: the latest), as every command names a
+    checkpoint; an existing folder whose name holds '@' is itself. `step` (a --step) must not contradict it."""
+    run_dir, at, tail = spec.rpartition("@")
+    if not at or os.path.isdir(spec):
+        return spec, step
+    if not (tail.isdigit() or tail == "latest"):
+        raise SystemExit(f"error: {spec}: use RUN_DIR, RUN_DIR@STEP (a checkpoint's step) or RUN_DIR@latest")
+    if step is not None and str(step) != tail:
+        raise SystemExit(f"error: {spec} and --step {step} name two checkpoints: give the step once")
+    return run_dir, int(tail) if tail.isdigit() else None
+
+
+def init_weights(spec, tokenizer):
+    """(state dict, model config) of the weights a fine-tuning run starts from: RUN_DIR, RUN_DIR@STEP or RUN_DIR@latest
+    (a Hugging Face model: converted into a run folder first, scripts/convert_hf.py); they must have been trained with
+    `tokenizer` (the data's)."""
+    run_dir, at = run_step(spec)
+    ckpts = dict(list_checkpoints(run_dir))
+    if (step := max(ckpts, default=None) if at is None else at) not in ckpts:
+        fail(f"init_from {spec!r}: no checkpoint{'' if at is None else f' of step {at}'} in {run_dir!r}"
+             + (f" (steps {sorted(ckpts)})" if ckpts else ""))
+    ckpt = load_checkpoint(ckpts[step])
+    trained = ckpt.get("tokenizer_tag") or ckpt["config"].get("tokenizer", "gpt2")   # its tag: an HF one's fingerprint
+    if trained != tokenizer and not same_tokenizer(tokenizer_tag(trained), tokenizer_tag(tokenizer)):
+        fail(f"init_from {spec!r} was trained with tokenizer {trained!r}, but tokenizer = {tokenizer!r} (the data's): "
+             f"fine-tune it on data prepared with {trained!r}")
+    return model_state(ckpt), LlamaConfig(**ckpt["model_config"])

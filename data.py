@@ -1,7 +1,6 @@
 """
 What a training step reads: token shards and their manifest, the training streams (text windows, or conversations
-packed with their loss mask) and the fixed validation windows; and the file plumbing every command shares (atomic
-writes, locks, one-line errors).
+packed with their loss mask) and the fixed validation windows (atomic writes, locks and one-line errors: files.py).
 
     write_shard(path, ids, tokenizer=enc, vocab_size=enc.n_vocab, eot_token=enc.eot_token)
     tokens, header = read_shard(path, tokenizer="gpt2")          # checked memmap; a mismatch is one error line
@@ -17,20 +16,15 @@ beside each token shard holds 1 where the token is a target, and a conversation 
 EOT with mask 0), or, in a model's template (mask vocabulary 3), where the mask is START (2). Tokenizers: tokenizer.py;
 preparing a folder: prepare_fineweb.py, scripts/prepare_sft.py and lib/preparation.py.
 """
-import errno
-import fcntl
 import hashlib
 import json
 import os
-import shutil
-import socket
 import struct
-import time
-from contextlib import suppress
 
 import numpy as np
 import torch
 
+from files import one_line, write_atomic
 from tokenizer import same_tokenizer, tokenizer_tag
 
 
@@ -39,67 +33,6 @@ HEADER = struct.Struct("<8sIIIIQ64s")  # magic, version, bytes per token, vocab 
 DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 MANIFEST = "manifest.json"
 MASK_TOKENIZER, START = "loss-mask", 2  # START: the mask value of a conversation's first token (model templates)
-
-
-def write_atomic(path, data):
-    """Write ``data`` (str, bytes or a list of bytes-like parts) to path.tmp, fsync, rename: never a torn file. A write
-    that fails (a full disk) is one error line with the free space; path.tmp is removed and path left as it was."""
-    try:
-        with open(f"{path}.tmp", "wb") as f:
-            for part in data if isinstance(data, list) else [data]:
-                f.write(part.encode() if isinstance(part, str) else part)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(f"{path}.tmp", path)
-    except OSError as e:
-        with suppress(OSError):
-            os.remove(f"{path}.tmp")
-        folder = os.path.dirname(os.path.abspath(path))
-        free = shutil.disk_usage(folder).free / 2**30 if os.path.isdir(folder) else 0.0
-        raise SystemExit(f"error: cannot write {path}: {e.strerror or e}; {free:.1f} GiB free in {folder}; "
-                         f"{path} is as it was") from None
-
-
-def lock_file(path, refusal):
-    """An exclusive lock on `path` for the life of this process (the kernel drops it when the process dies, so a killed
-    process never blocks its own rerun), or until release_lock. A second process is refused: `error: {refusal}`, its
-    "{holder}" replaced by the holder's pid, host and start time."""
-    while True:
-        f = open(path, "a+")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):     # no flock here: Lustre -o noflock, some NFS
-                f.close()
-                raise SystemExit(f"error: cannot lock {path}: {e.strerror or e} (errno {e.errno}): its file system "
-                                 "does not support flock (Lustre mounted without flock, some NFS): put the folder on "
-                                 "one that does (local disk, or Lustre mounted with -o flock)") from None
-            f.seek(0)
-            raise SystemExit("error: " + refusal.replace("{holder}", f.read().strip() or "unknown")) from None
-        try:
-            if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
-                break
-        except FileNotFoundError:
-            pass
-        f.close()         # the holder released and removed the file between our open and flock: lock the new one
-    f.truncate(0)
-    f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    f.flush()
-    return f
-
-
-def release_lock(f):
-    """Remove the lock file of lock_file, then let the lock go: a clean end leaves no lock file. Removed while still
-    held, so a process that opened the old file meanwhile finds it gone and locks a new one (lock_file)."""
-    with suppress(FileNotFoundError):
-        os.remove(f.name)
-    f.close()
-
-
-def one_line(e, limit=240):
-    """An exception as one line: its type and its message with the line breaks folded, cut at `limit` characters."""
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:limit] + '…' if len(text) > limit else text}"
 
 
 def write_shard(path, tokens, *, tokenizer, vocab_size, eot_token):

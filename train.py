@@ -22,15 +22,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from checkpoint import Checkpoints, list_checkpoints, restore
+from checkpoint import Checkpoints, list_checkpoints, restore, start_weights
 from config import derived, fail, load_config, usage
 from data import (
     PackedStream, ShardStream, data_identity, is_conversations, load_manifest, split_over_processes, val_windows)
 from jreg import Profile, jump_rate
 from loss import Objective
 from model import Llama
-from parallel import compile_seconds, gather, parallelize, place, processes, to_device
-from runs import Run, peak_flops, start_weights
+from parallel import compile_seconds, gather, parallelize, peak_flops, place, processes, to_device
+from runs import Run
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -221,6 +221,7 @@ def skipped(run, saver, cfg, step, bad, seq_index, loss, grad_norm, lr):
 def main(argv):
     if {"-h", "--help"} & set(argv):
         return print(usage())
+    # ---- settings: the config, this process's place, its device
     cfg = load_config(argv)                                       # frozen: cfg.lr = 0.5 raises
     proc = processes()
     grad_accum = grad_accum_steps(cfg, proc.world)
@@ -228,15 +229,17 @@ def main(argv):
     torch.manual_seed(cfg.seed)            # the initialisation; training draws nothing random after it (dropout would:
                                            # docs/ablations.md says what an exact resume then needs)
 
-    # ---- setup: the weights to start from and the data, checked before anything is written
-    init_sd, mcfg = start_weights(cfg)
+    # ---- weights: the run's own checkpoints (a resume) or init_from's, and the model's shape; then the data: all
+    # checked before anything is written
+    ckpts = list_checkpoints(cfg.out_dir)                         # read once
+    init_sd, mcfg = start_weights(cfg, ckpts)
     seqs_per_step = cfg.batch_tokens // cfg.seq_len
     train_data, val_batches = data_streams(cfg, mcfg.vocab_size,
                                            cfg.eval_batches * cfg.micro_batch if cfg.eval_interval else 0, proc)
     cfg = derived(cfg, device, train_data.per_epoch)              # device, max_steps from epochs, warm-up from ratio
 
     # ---- resume: the run folder locked and checked, then the model and optimizer at its newest checkpoint
-    run = Run(cfg, mcfg, data_identity(cfg.data_dir), proc.rank)
+    run = Run(cfg, mcfg, data_identity(cfg.data_dir), proc.rank, ckpts)
     same_start(cfg, run, device)                                  # the first collective: every process agrees
     model, objective, optimizer = build_model(cfg, mcfg, device, None if run.step else init_sd)
     del init_sd

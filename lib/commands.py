@@ -11,11 +11,11 @@ import re
 
 import torch
 
-from data import one_line
+from files import one_line
 from lib.hf import _hf_kwargs, hf_max_length, hf_name, llama_from_hf, load_hf
 from model import Llama, LlamaConfig
 from checkpoint import list_checkpoints, load_checkpoint, model_state
-from runs import run_step
+from checkpoint import run_step
 from tokenizer import HFTokenizer, get_tokenizer
 
 

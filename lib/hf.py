@@ -14,7 +14,7 @@ import shutil
 
 import torch
 
-from data import one_line
+from files import one_line
 from lib.progress import timed
 from model import Llama, LlamaConfig, rope_cache
 from tokenizer import HFTokenizer, get_tokenizer, tokenizer_fingerprint

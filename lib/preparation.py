@@ -13,7 +13,8 @@ import os
 import sysconfig
 import weakref
 
-from data import MANIFEST, lock_file, one_line, read_shard, write_atomic
+from data import MANIFEST, read_shard
+from files import lock_file, one_line, write_atomic
 from tokenizer import _package_file
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from data import one_line
+from files import one_line
 from lib.profiles import forward_streams, readout
 from lib.hf import hf_max_length
 from lib.progress import Progress

@@ -146,11 +146,13 @@ class Tour:
 
 
 def prepare(data, *limits):
-    """The KJV as byte-level shards in `data`, as quickstart.sh prepares it (limits: a smaller slice)."""
-    import prepare_fineweb
+    """The KJV as byte-level shards in `data`, by quickstart.sh's command (limits: a smaller slice): the command run,
+    as the training runs are, not its main imported (no command imports another)."""
     from lib.preparation import kjv_path
-    prepare_fineweb.main(["--input", kjv_path(), "--out_dir", data, "--prefix", "kjv", "--tokenizer", "bytes",
-                          "--quiet", *limits])
+    done = subprocess.run([sys.executable, "prepare_fineweb.py", "--input", kjv_path(), "--out_dir", data, "--prefix",
+                           "kjv", "--tokenizer", "bytes", "--quiet", *limits], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit((done.stderr.strip().splitlines() or [f"error: prepare_fineweb.py exited {done.returncode}"])[-1])
 
 
 def train_pair(out, *settings):

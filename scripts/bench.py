@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from checkpoint import list_checkpoints, load_checkpoint
 from config import Config, load_config, model_config
-from data import one_line
+from files import one_line
 from jreg import jreg_penalty
 from loss import Objective
 from lib.commands import check_device, int_at_least
@@ -52,7 +52,8 @@ from lib.generation import generate, generate_uncached
 from lib.hf import llama_to_hf
 from loss import cross_entropy
 from model import Llama, LlamaConfig, PRESETS
-from runs import PEAK_FLOPS, git, peak_flops
+from parallel import PEAK_FLOPS, peak_flops
+from runs import git
 
 
 CLOCK = time.perf_counter      # --cpu_time: time.process_time, this process's CPU seconds (a machine shared)

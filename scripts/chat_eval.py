@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from lib.conversations import chat_prompt
-from data import lock_file, one_line, release_lock, write_atomic
+from files import lock_file, one_line, release_lock, write_atomic
 from lib.generation import generate
 from lib.progress import Progress
 from lib.judge import (
@@ -34,7 +34,7 @@ from lib.judge import (
     load_judge_prompts)
 from lib.commands import check_device, check_writable, checkpoint_path, int_at_least, load_llama
 from checkpoint import list_checkpoints
-from runs import run_step
+from checkpoint import run_step
 
 
 TEMPERATURE = {"writing": 0.7, "roleplay": 0.7, "extraction": 0.0, "math": 0.0, "coding": 0.0, "reasoning": 0.0,

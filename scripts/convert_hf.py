@@ -37,7 +37,7 @@ import torch
 
 from checkpoint import list_checkpoints
 from config import fail
-from data import lock_file, one_line, release_lock
+from files import lock_file, one_line, release_lock
 from lib.hf import _hf_kwargs, cannot_write, check_vocabulary, llama_from_hf
 from lib.progress import timed
 from tokenizer import HFTokenizer, get_tokenizer, tokenizer_fingerprint, tokenizer_tag
@@ -112,7 +112,7 @@ def interrupts_held():
 
 
 def lock(path, out_dir):
-    """data.lock_file on `path`, its holder line naming this command; held: one line naming the holder's kind."""
+    """files.lock_file on `path`, its holder line naming this command; held: one line naming the holder's kind."""
     try:
         f = lock_file(path, f"{out_dir} is in use by a training process ({{holder}}): wait for it to finish or give "
                       "another OUT_DIR")

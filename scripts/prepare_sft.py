@@ -24,7 +24,8 @@ from functools import lru_cache
 import numpy as np
 
 from lib.conversations import HEADERS, chat_template, render, render_template
-from data import MANIFEST, MASK_TOKENIZER, START, load_manifest, one_line, write_atomic, write_shard
+from data import MANIFEST, MASK_TOKENIZER, START, load_manifest, write_shard
+from files import one_line, write_atomic
 from lib.preparation import lock_preparation, open_sources, remove_preparation
 from tokenizer import get_tokenizer, tokenizer_fingerprint
 

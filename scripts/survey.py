@@ -25,11 +25,11 @@ import time
 import numpy as np
 import torch
 
-from data import write_atomic
+from files import write_atomic
 from lib.profiles import plot_profiles, profile_model, profile_target, text_documents, text_windows
 from lib.hf import check_hf_source, load_hf
 from lib.commands import check_device, check_writable, checkpoint_path, int_at_least, load_run
-from runs import run_step
+from checkpoint import run_step
 from lib.tasks import HFModelLM, ModelLM
 
 

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from scripts import chat_eval as ce
-import data as D
+import files as FILES
 from lib import preparation as PREP
 import tokenizer as TOK
 from lib import judge as J
@@ -413,12 +413,12 @@ def test_a_second_process_on_the_same_output_is_refused(tmp_path, monkeypatch):
             ce.main(argv)
     assert loads == [] and not out.exists()
     assert ce.main(argv) == 0 and out.exists()                   # released: runs
-    first = D.lock_file(f"{out}.lock", "held")                  # the refusal names the holder
+    first = FILES.lock_file(f"{out}.lock", "held")                  # the refusal names the holder
     with pytest.raises(SystemExit, match=f"error: {out} is in use by another chat_eval.py process \\(pid {os.getpid()}"):
         ce.main(argv)
     first.close()
     braces = str(tmp_path / "{run} {0}.json")                    # a path is text, never a format string
-    first = D.lock_file(f"{braces}.lock", "held")
+    first = FILES.lock_file(f"{braces}.lock", "held")
     with pytest.raises(SystemExit, match=re.escape(f"error: {braces} is in use by another chat_eval.py process (pid ")):
         ce.main(runs[:1] + ["--benchmarks", "mt_bench", "--limit", "1", "--out", braces])
     first.close()

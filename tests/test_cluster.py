@@ -216,5 +216,5 @@ def test_fsdp_with_bf16_weights_on_two_processes_tracks_one_fp32_process(data_di
 def test_mfu_peaks_match_whole_product_names(name, product, tflops):
     """(Before: "H100" and "H200" matched inside "H100 NVL" and "H200 NVL", whose dense bf16 peaks are 835, not 989,
     TFLOP/s; "L4" inside "L40"; "A10" inside "A100" would have, but for the order of the table.)"""
-    got, peak = R.peak_flops_of(name)
+    got, peak = parallel.peak_flops_of(name)
     assert got == product and (peak is None if tflops is None else peak == tflops * 1e12)

@@ -629,7 +629,7 @@ def test_cli_run_folder_errors(case, tmp_path, no_model_loading):
 
 
 def test_run_at_step_names_a_checkpoint_in_every_command(tmp_path, data_dir):
-    """RUN@STEP is one grammar (runs.run_step): evaluate.py compares two checkpoints of one run, as --step would load
+    """RUN@STEP is one grammar (checkpoint.run_step): evaluate.py compares two checkpoints of one run, as --step would load
     them; a contradiction with --step, a step that is not there and a tail that is no step are one error line each.
     (Before: evaluate.py and chat_eval.py read RUN@STEP as a folder name; export.py said the folder was missing.)"""
     run = save_run(str(tmp_path / "base"), steps=(10, 20))

@@ -23,7 +23,7 @@ from tokenizer import HFTokenizer, get_tokenizer
 from lib.conversations import prompt_ids, render
 from scripts.prepare_sft import clean, to_messages
 from lib import commands
-import data as D
+import files as FILES
 from lib import tasks as TK
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
@@ -403,7 +403,7 @@ def test_a_conversion_between_its_renames_is_refused_and_a_killed_one_gives_the_
     convert_hf.main([source, str(out), "--tokenizer=bytes"])
     os.rename(out, tmp_path / "out.old")
     os.makedirs(tmp_path / "out.tmp")
-    held = D.lock_file(str(tmp_path / "out.tmp" / "run.lock"), "held")
+    held = FILES.lock_file(str(tmp_path / "out.tmp" / "run.lock"), "held")
     held.truncate(0)
     held.write(f"pid {os.getpid()} on here since now, python -m scripts.convert_hf\n")     # as a conversion's lock
     held.flush()

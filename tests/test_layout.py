@@ -46,8 +46,8 @@ def test_the_training_core_imports_nothing_from_lib_or_scripts_and_reads_in_one_
 
 
 def test_no_entry_point_imports_another():
-    scripts = {f"scripts.{os.path.basename(p)[:-3]}" for p in glob.glob(os.path.join(HERE, "scripts", "*.py"))
-               if "__main__" in open(p, encoding="utf-8").read()}
+    scripts = {f"{folder}.{os.path.basename(p)[:-3]}" for folder in ("scripts", "notebooks")
+               for p in glob.glob(os.path.join(HERE, folder, "*.py")) if "__main__" in open(p, encoding="utf-8").read()}
     for name in ENTRY_POINTS | scripts:
         path = os.path.join(HERE, *name.split(".")) + ".py"
         others = (ENTRY_POINTS | scripts) - {name}
@@ -58,3 +58,21 @@ def test_every_top_level_module_is_in_the_readmes_table():
     readme = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
     missing = {name for name in top_level() - {"conftest"} if f"| `{name}.py` |" not in readme}
     assert not missing, f"README's 'Where things are' lacks {sorted(missing)}"
+
+
+def test_the_core_modules_import_one_another_without_a_circle():
+    """Each core module is entered for its own part: the imports among the top-level modules form no circle (data.py
+    and tokenizer.py once imported each other, one of them inside a function)."""
+    ours = top_level() - {"conftest", "test_jreg"}
+    edges = {name: {m for m in imports(os.path.join(HERE, f"{name}.py")) if m in ours} for name in ours}
+
+    def reach(start):
+        seen, todo = set(), list(edges[start])
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo += edges[name]
+        return seen
+    assert not [name for name in ours if name in reach(name)], {name: sorted(edges[name]) for name in ours}
+

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import data as D
+import files as FILES
 import evaluate as E
 from lib import judge as J
 from lib import progress as P
@@ -110,10 +111,10 @@ def test_progress_on_a_terminal_is_tqdm_and_other_ranks_are_silent(monkeypatch):
     assert [P.duration(s) for s in (0.4, 59.6, 139, 3725)] == ["0 s", "1 min 0 s", "2 min 19 s", "1 h 2 min"]
 
 
-def _tiny_llama(n_layer=3):
+def _tiny_llama(n_layer=3, vocab_size=64):
     from model import Llama, LlamaConfig
     torch.manual_seed(0)
-    return Llama(LlamaConfig(vocab_size=64, n_layer=n_layer, n_head=2, n_kv_head=1, d_model=32, ffn_hidden=64,
+    return Llama(LlamaConfig(vocab_size=vocab_size, n_layer=n_layer, n_head=2, n_kv_head=1, d_model=32, ffn_hidden=64,
                              max_seq_len=64)).eval()
 
 
@@ -151,7 +152,7 @@ def test_answers_and_judging_show_progress_in_a_log(tmp_path, monkeypatch, capsy
 def _hf_folder(tmp_path):
     from lib.hf import llama_to_hf
     path = tmp_path / "tiny_hf"
-    llama_to_hf(_tiny_llama(2)).save_pretrained(path)
+    llama_to_hf(_tiny_llama(2, vocab_size=320)).save_pretrained(path)   # room for the 257 byte tokens
     return str(path)
 
 
@@ -205,20 +206,20 @@ def test_a_lock_file_removed_by_its_holder_is_never_held_twice(tmp_path, monkeyp
     """The holder removes its lock file at a clean end; a process that opened the file just before must not then
     lock the removed file while a third one locks a new file of that name."""
     path = str(tmp_path / "out.json.lock")
-    first = D.lock_file(path, "held ({holder})")
-    flock, done = D.fcntl.flock, []
+    first = FILES.lock_file(path, "held ({holder})")
+    flock, done = FILES.fcntl.flock, []
 
     def late(f, op):                                     # the first process ends cleanly between open and flock
         if not done:
-            done.append(D.release_lock(first))
+            done.append(FILES.release_lock(first))
         return flock(f, op)
-    monkeypatch.setattr(D.fcntl, "flock", late)
-    second = D.lock_file(path, "held ({holder})")
-    monkeypatch.setattr(D.fcntl, "flock", flock)
+    monkeypatch.setattr(FILES.fcntl, "flock", late)
+    second = FILES.lock_file(path, "held ({holder})")
+    monkeypatch.setattr(FILES.fcntl, "flock", flock)
     assert os.stat(path).st_ino == os.fstat(second.fileno()).st_ino
     with pytest.raises(SystemExit, match=f"held \\(pid {os.getpid()}"):
-        D.lock_file(path, "held ({holder})")
-    D.release_lock(second)
+        FILES.lock_file(path, "held ({holder})")
+    FILES.release_lock(second)
     assert not os.path.exists(path)
 
 

@@ -23,6 +23,7 @@ from scripts import prepare_sft
 from lib import profiles as P
 from lib import commands
 import runs as R
+import checkpoint as CK
 from scripts import survey
 from lib import tasks as TK
 from lib.conversations import prompt_ids
@@ -336,7 +337,7 @@ def test_init_from_latest_is_the_newest_checkpoint(tmp_path):
     run = eval_run(str(tmp_path / "run"), steps=(10, 20))
     newest = torch.load(os.path.join(run, "ckpt_0000020.pt"), weights_only=False)["model"]
     for spec in (run + "@latest", run):
-        state, _ = R.init_weights(spec, "bytes")
+        state, _ = CK.init_weights(spec, "bytes")
         assert all(torch.equal(state[k], v) for k, v in newest.items()), spec
 
 

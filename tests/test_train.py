@@ -22,6 +22,7 @@ import prepare_fineweb
 import checkpoint as CK
 import config as CF
 import data as D
+import files as FILES
 from lib import preparation as PREP
 import tokenizer as TOK
 import jreg
@@ -1210,10 +1211,10 @@ def test_the_conversion_refuses_a_folder_in_use_and_overwrite_replaces_it_whole(
         convert_hf.main([f"hf:{tmp_path / 'llama'}", str(tmp_path / "notes"), "--tokenizer=bytes"])
     with pytest.raises(SystemExit, match=r"pre is a run folder of train.py already: set init_from = "):
         convert_hf.main([f"hf:{tmp_path / 'pre'}", str(tmp_path / "o"), "--tokenizer=bytes"])
-    held = D.lock_file(str(tmp_path / "pre" / "run.lock"), "held")                  # a training process in it
+    held = FILES.lock_file(str(tmp_path / "pre" / "run.lock"), "held")                  # a training process in it
     with pytest.raises(SystemExit, match=r"pre is in use by a training process \(pid \d+ on .*\): wait for it"):
         convert_hf.main([f"hf:{tmp_path / 'llama'}", str(tmp_path / "pre"), "--tokenizer=bytes", "--overwrite"])
-    D.release_lock(held)
+    FILES.release_lock(held)
     assert files() == before and not os.path.exists(tmp_path / "o")
     convert_hf.main([f"hf:{tmp_path / 'llama'}", str(tmp_path / "pre") + "/", "--tokenizer=bytes", "--overwrite"])
     assert sorted(os.listdir(tmp_path / "pre")) == ["ckpt_0000000.pt"] and not glob.glob(str(tmp_path / "pre.*"))
@@ -1222,7 +1223,7 @@ def test_the_conversion_refuses_a_folder_in_use_and_overwrite_replaces_it_whole(
         (0, 0, {"seq_index": 0}, "bytes")
     assert converted["config"] == {"tokenizer": "bytes", "init_from": f"hf:{tmp_path / 'llama'}"}
     assert converted["model_config"] == ckpt["model_config"]
-    state, mcfg = R.init_weights(str(tmp_path / "pre"), "bytes")
+    state, mcfg = CK.init_weights(str(tmp_path / "pre"), "bytes")
     assert mcfg == llama.config and all(torch.equal(state[k], v) for k, v in ckpt["model"].items())
     model, _, meta = commands.load_run(str(tmp_path / "pre"))                       # evaluate.py, chat.py, export.py
     assert (meta["step"], meta["tokens"]) == (0, 0)
@@ -1302,9 +1303,9 @@ def test_continued_pretraining_from_a_hugging_face_model_with_its_own_tokenizer(
     theirs = tasks.score_requests(tasks.HFModelLM(exported, back), requests)
     assert [g for _, g in ours] == [g for _, g in theirs]
     np.testing.assert_allclose([ll for ll, _ in ours], [ll for ll, _ in theirs], atol=1e-4)
-    assert R.init_weights(str(tmp_path / "out"), f"hf:{tmp_path / 'out' / 'tokenizer'}")[1] == mine.config  # its copy
+    assert CK.init_weights(str(tmp_path / "out"), f"hf:{tmp_path / 'out' / 'tokenizer'}")[1] == mine.config  # its copy
     with pytest.raises(SystemExit, match="was trained with tokenizer"):                                     # by its print
-        R.init_weights(str(tmp_path / "out"), other)
+        CK.init_weights(str(tmp_path / "out"), other)
     _, _, source = commands.load_run(str(tmp_path / "converted"))    # evaluate.py reads the conversion as a run
     assert source["step"] == 0 and commands.load_run(str(tmp_path / "converted"))[1].hf.chat_template == \
         AutoTokenizer.from_pretrained(tmp_path / "model").chat_template               # its tokenizer's copy
