@@ -3,8 +3,10 @@ The comparison of docs/methods.md, from results/methods/runs/*.json (made by run
 baseline of the same seed (the same initialisation and data order), the mean difference over the seeds both have with
 its two-sided 95% t interval and the paired t test's p-value (n − 1 degrees of freedom), and for each metric a Holm
 correction across the methods compared (a finding that survives it is marked). Runs from another machine or commit
-than the most common one are left out and counted. results/collect.py writes the table into docs/methods.md; plot()
-draws results/methods/methods.png.
+than the most common one are left out and counted. A skip-block or lens cell of runs whose profile read the streams
+without Backout's − λ·h_k (old_readout: the lens at layer L is not the run's own loss) is shown as "n/a (old readout)",
+its p counted as 1 in Holm's correction; backout_readout() says, from backout_readout.json, how far off that was.
+results/collect.py writes the table into docs/methods.md; plot() draws results/methods/methods.png.
 
     python results/methods/numbers_methods.py          # the table on stdout, and the figure
 """
@@ -32,6 +34,22 @@ METRICS = {"val_loss": ("val loss", 4, lambda r: r["profile"]["loss"]),
                         lambda r: repro.LAYER_ROWS["lens_mid"][2](r["profile"])),
            "step_s": ("s a step", 3, lambda r: r["seconds_per_step"])}
 STUDY_LR = 3e-3                                                  # configs/kjv.py's lr, which every condition trains at
+READOUT = ("skip_L", "lens_mid")        # the metrics that read a stream through the head: a skipped block, the lens
+OLD_READOUT = "n/a (old readout)"
+READOUT_JSON = os.path.join(HERE, "backout_readout.json")        # backout_readout.py: a rerun read both ways
+
+
+def old_readout(r):
+    """Whether a run's profile read its streams otherwise than its model reads its own last one: its logit lens at
+    layer L is not its own loss. So were Backout's profiles made before the lens and the skipped block read through
+    Llama.head_input: N(h), without Backout's − λ·h_k (each other method's profile read as it does now)."""
+    p = r["profile"]
+    return "analysis_loss" in p and abs(p["logit_lens_loss"][-1] - p["analysis_loss"]) > 1e-4
+
+
+def read_right(m, *runs):
+    """Whether metric m of these runs can be shown: it reads no stream through the head, or every run read it so."""
+    return m not in READOUT or not any(old_readout(r) for r in runs)
 
 
 def lr_text(lr):
@@ -101,16 +119,27 @@ def comparison():
     if not by or not by["base"]:
         return "No runs yet: python results/methods/run_methods.py."
     methods = [c for c in CONDITIONS if c != "base" and set(by[c]) & set(by["base"])]
-    cells, seeds_of = {}, {}
+    cells, seeds_of, unread, dropped = {}, {}, set(), {}
     for m, (_, digits, f) in METRICS.items():
         rows = {}
         for c in methods:
             seeds = sorted(set(by[c]) & set(by["base"]))
             seeds_of[c] = seeds
+            if not read_right(m, *(by[c][s] for s in seeds), *(by["base"][s] for s in seeds)):
+                rows[c] = None                           # not shown; in Holm's family at p = 1, the others' worst case
+                unread.add(c)
+                continue
             diff = [f(by[c][s]) - f(by["base"][s]) for s in seeds]
             rows[c] = (repro.t_interval(diff), repro.t_p(diff))
-        adjusted = dict(zip(rows, repro.holm([p for _, p in rows.values()])))
-        for c, (t, p) in rows.items():
+        adjusted = dict(zip(rows, repro.holm([1.0 if v is None else v[1] for v in rows.values()])))
+        shown = {c: v for c, v in rows.items() if v is not None}
+        smaller = dict(zip(shown, repro.holm([p for _, p in shown.values()])))     # the family without them
+        dropped[m] = [c for c in shown if smaller[c] < 0.05 <= adjusted[c]]
+        for c, v in rows.items():
+            if v is None:
+                cells[c, m] = OLD_READOUT
+                continue
+            t, p = v
             mark = "*" if adjusted[c] < 0.05 else ""
             cells[c, m] = f"{repro.interval(t, digits)} {repro.p_text(p)}{mark}"
     lines = ["| − baseline, same seed | seeds | " + " | ".join(label for label, _, _ in METRICS.values()) + " |",
@@ -133,7 +162,21 @@ def comparison():
         f"{sum(r['seconds_per_step'] * r['last_step']['step'] for v in by.values() for r in v.values()) / 60:.0f} "
         "min (each run's median step × its steps; evaluation not counted)."
         + (f" Not yet complete: {', '.join(missing)} seeds." if missing else "")
-        + (f" {left_out} runs from another machine or commit left out." if left_out else ""))
+        + (f" {left_out} runs from another machine or commit left out." if left_out else "")
+        + (unread_note([c for c in methods if c in unread], len(methods), dropped) if unread else ""))
+
+
+def unread_note(unread, n, dropped):
+    """The footnote to the cells not shown: the profiles that read the streams without Backout's − λ·h_k, and how
+    Holm's correction counts them (dropped: {metric: the methods that would survive it with those left out of the
+    family})."""
+    names, column = " and ".join(CONDITIONS[c] for c in unread), lambda m: METRICS[m][0].split(" (")[0]  # noqa: E731
+    would = [f"{' and '.join(CONDITIONS[c] for c in cs)} in the {column(m)} column" for m, cs in dropped.items() if cs]
+    return (f" {OLD_READOUT}: the {' and '.join(map(column, READOUT))} columns of {names} were computed without its "
+            "− λ·h_k (each stream read as N(h), not as its head reads h_L, N(h − λ·h_k)) and are left out until the "
+            f"comparison is rerun; Holm's correction in those columns still counts the {n} methods, the p left out "
+            "taken as 1, so that no * of another method rests on it"
+            + (f" (with {names} out of the family, {'; '.join(would)} would also survive it)" if would else "") + ".")
 
 
 def plot(path=os.path.join(HERE, "methods.png")):
@@ -200,10 +243,15 @@ def seeded():
             continue
         tested = {}
         for key, v in rows.items():
-            diff = [f(v[s]) - f(base[s]) for s in sorted(set(v) & set(base))]
+            seeds = sorted(set(v) & set(base))
+            if not read_right(m, *(v[s] for s in seeds), *(base[s] for s in seeds)):
+                tested[key] = None                        # not shown (old readout); in Holm's family at p = 1
+                continue
+            diff = [f(v[s]) - f(base[s]) for s in seeds]
             tested[key] = (repro.t_interval(diff), repro.t_p(diff))
-        for key, (t, p), a in zip(tested, tested.values(), repro.holm([p for _, p in tested.values()])):
-            out[key][m] = (t, p, a)
+        for key, v, a in zip(tested, tested.values(), repro.holm([1.0 if v is None else v[1]
+                                                                  for v in tested.values()])):
+            out[key][m] = None if v is None else (*v, a)
     return {key: (sorted(set(rows[key]) & set(base)), cells) for key, cells in out.items()}
 
 
@@ -248,12 +296,15 @@ def lr_seeds():
              "|---" * (len(metrics) + 2) + "|"]
     for (c, lr), (seeds, cells) in rows.items():
         lines.append(f"| {CONDITIONS[c]} at lr {lr_text(lr)} | {', '.join(map(str, seeds))} | " + " | ".join(
-            f"{repro.interval(cells[m][0], digits)} {repro.p_text(cells[m][1])}" + ("*" if cells[m][2] < 0.05 else "")
-            for m, (_, digits, _) in metrics.items()) + " |")
+            OLD_READOUT if cells[m] is None else f"{repro.interval(cells[m][0], digits)} {repro.p_text(cells[m][1])}"
+            + ("*" if cells[m][2] < 0.05 else "") for m, (_, digits, _) in metrics.items()) + " |")
+    unread = [c for (c, _), (_, cells) in rows.items() if any(v is None for v in cells.values())]
     return "\n".join(lines) + (
         "\n\nAs the table above (paired over seeds, 95% t interval, p; * survives Holm's correction across these "
         f"{len(rows)} rows), each against the study's baseline runs (lr {lr_text(STUDY_LR)}, the baseline's best of "
-        "the check). The lr was chosen on seed 1337, which is one of the seeds: the other seeds are the test.")
+        "the check). The lr was chosen on seed 1337, which is one of the seeds: the other seeds are the test."
+        + (f" {OLD_READOUT}: as in the table above, computed without {' and '.join(map(CONDITIONS.get, unread))}'s "
+           "− λ·h_k and left out until rerun, its p taken as 1 in Holm's correction." if unread else ""))
 
 
 def lr_finding():
@@ -301,7 +352,33 @@ def lr_summary():
             + " still costs more than 0.05 at its best lr in one seed.")
 
 
-BLOCKS = {"methods-table": comparison, "methods-finding": finding, "methods-lr": lr_check,
+def backout_readout():
+    """What the old readout did to Backout's columns, measured: a rerun of its seed 1337 profiled both ways
+    (backout_readout.py), and whether the old way gives the committed run's numbers (then these are that run's)."""
+    if not os.path.exists(READOUT_JSON):
+        return "Not measured yet: python results/methods/backout_readout.py."
+    r = json.load(open(READOUT_JSON))
+    now, old, committed = r["current"], r["old"], r["committed"]
+    same = all(f"{old[k]:.4f}" == f"{committed[k]:.4f}" for k in ("analysis_loss", "lens_L", "skip_L", "lens_mid"))
+    pair = lambda k, d=4, sign="": (                                                      # noqa: E731
+        f"{old[k]:{sign}.{d}f} read without − λ·h_k, {now[k]:{sign}.{d}f} with it ({now[k] - old[k]:+.{d}f})")
+    return (f"Backout's seed {r['seed']} rerun as the comparison runs it (k = {r['backout_layer']}, step {r['step']}, "
+            f"the lens and the skipped block on its first {r['analysis_tokens']:,} validation tokens) and profiled "
+            f"both ways (results/methods/backout_readout.py): the logit lens at layer L is {pair('lens_L')}, against "
+            f"the model's own loss {now['analysis_loss']:.4f}; the loss increase when block L is skipped "
+            f"{pair('skip_L', 3, '+')}; the mean lens over h_3..h_{{L−1}} {pair('lens_mid', 3)}. "
+            + ("Read the old way, the rerun gives the committed run's numbers to the digits shown (lens at L "
+               f"{committed['lens_L']:.4f}, skip block L {committed['skip_L']:+.3f}), so these are the corrections of "
+               "that run's cells." if same else
+               f"The committed run of that seed ({committed['machine']['cpu']}, commit {committed['machine']['commit']}"
+               f"; the rerun: {r['machine']['cpu']}, commit {r['machine']['commit']}) read the old way gave lens at L "
+               f"{committed['lens_L']:.4f}, skip block L {committed['skip_L']:+.3f} and mean lens "
+               f"{committed['lens_mid']:.3f}: near the rerun's, not equal (another CPU and commit), so these "
+               "differences measure the size of the error in that run's cells, not their exact correction."))
+
+
+BLOCKS = {"methods-table": comparison, "methods-backout-readout": backout_readout, "methods-finding": finding,
+          "methods-lr": lr_check,
           "methods-lr-finding": lr_finding, "methods-lr-seeds": lr_seeds, "methods-lr-summary": lr_summary}
 
 if __name__ == "__main__":
