@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import config as CF
-import data as D
+import files as FILES
 import parallel
 import runs as R
 import train
@@ -113,13 +113,13 @@ def test_a_file_system_without_flock_is_named_not_taken_for_another_process(tmp_
     process" on every start.)"""
     def no_locks(f, op):
         raise OSError(errno.ENOLCK, "No locks available")
-    monkeypatch.setattr(D.fcntl, "flock", no_locks)
+    monkeypatch.setattr(FILES.fcntl, "flock", no_locks)
     with pytest.raises(SystemExit) as e:
         R.lock_run(str(tmp_path / "run"))
     assert "does not support flock" in str(e.value) and "in use" not in str(e.value)
     def held(f, op):
         raise BlockingIOError(errno.EWOULDBLOCK, "Resource temporarily unavailable")
-    monkeypatch.setattr(D.fcntl, "flock", held)
+    monkeypatch.setattr(FILES.fcntl, "flock", held)
     with pytest.raises(SystemExit, match="in use by another training process"):
         R.lock_run(str(tmp_path / "run"))
 
