@@ -130,9 +130,9 @@ def train_step(objective, batches, counts, autocast, stop):
     objective (parallel.Parallel over loss.Objective). Returns the step's named means over the whole global batch
     (tensors on the device): loss, what was back-propagated (the objective's loss + λ · penalty), each part of the
     objective's loss (ce, early_exit, ...), the penalty jreg and Ψ_1..Ψ_L (psi), and stopping, how many processes were
-    asked to stop (stop: this one was). A micro-batch's means are weighted by its share of the global batch's targets (the loss's terms) or
-    counted tokens (the penalty's), so the weighted sums over every micro-batch of every process are the global means
-    (1×8, 2×4 and 8×1 give the same step); they are summed over processes in one all-reduce."""
+    asked to stop (stop: this one was). A micro-batch's means are weighted by its share of the global batch's targets
+    (the loss's terms) or counted tokens (the penalty's), so the weighted sums over every micro-batch of every process
+    are the global means (1×8, 2×4 and 8×1 give the same step); they are summed over processes in one all-reduce."""
     totals = counts.sum(0)
     if dist.is_initialized():
         dist.all_reduce(totals)                                   # the global batch's targets and counted tokens
@@ -150,7 +150,8 @@ def train_step(objective, batches, counts, autocast, stop):
         for values, share in ((per_target, ce_share), (per_token, psi_share)):
             for name, value in values.items():
                 sums[name] = sums.get(name, 0.0) + value * share
-    sums = {**sums, "loss": sums["loss"] + lam * sums["jreg"], "stopping": torch.tensor(float(stop), device=shares.device)}
+    sums = {**sums, "loss": sums["loss"] + lam * sums["jreg"],
+            "stopping": torch.tensor(float(stop), device=shares.device)}
     if dist.is_initialized():                                     # the sums over processes: the global means
         flat = torch.cat([value.reshape(-1) for value in sums.values()])
         dist.all_reduce(flat)
