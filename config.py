@@ -18,6 +18,7 @@ import traceback
 import torch
 
 from jreg import WEIGHTINGS
+from loss import EARLY_EXIT_SCALES
 from model import LlamaConfig, PRESETS
 
 
@@ -73,6 +74,11 @@ class Config:
     # another loss term for the last layers (the model's methods are shape settings: model.LlamaConfig)
     early_exit: float = 0.0         # early-exit loss (LayerSkip, arXiv 2404.16710): + w · mean over ℓ < L of
                                     # CE(head(N(h_ℓ)), y), the logit lens trained; 0: off
+    early_exit_scale: str = "uniform"   # uniform: as above | sum_l: LayerSkip's Σ_ℓ s_ℓ·CE_ℓ over the exits and h_L,
+                                    # s_ℓ ∝ 1 + .. + ℓ, × early_exit below L, Σ s = 1 (torchtune's sum_l_loss_scale)
+    early_exit_every: int = 0       # > 0: LayerSkip's rotational curriculum, the exits ℓ < L whose (ℓ − 1 − step)
+                                    # mod L is a multiple of it train at a step (torchtune's); 0: every exit, always
+    backout_lr_mult: float = 1.0    # Backout's λ trains at lr × this (the modded-nanogpt record's: 5)
     # logging, evaluation, checkpoints
     log_interval: int = 1           # steps between log.jsonl records
     eval_interval: int = 1000       # 0: no periodic evaluation
@@ -204,7 +210,8 @@ def check_config(cfg):
     for key in ("seed", "warmup_steps", "eval_interval", "max_bad_steps", "keep_every"):
         need(getattr(cfg, key) >= 0, key, "must be 0 or more")
     need(cfg.seed < 2 ** 63, "seed", "must be below 2**63 (torch's seed)")
-    for key in ("lr", "weight_decay", "grad_clip", "jreg_lambda", "jreg_alpha", "epochs", "warmup_ratio", "early_exit"):
+    for key in ("lr", "weight_decay", "grad_clip", "jreg_lambda", "jreg_alpha", "epochs", "warmup_ratio", "early_exit",
+                "backout_lr_mult", "early_exit_every"):
         need(math.isfinite(getattr(cfg, key)) and getattr(cfg, key) >= 0, key, "must be a finite number >= 0")
     need(cfg.warmup_ratio <= 1, "warmup_ratio", "is the fraction of max_steps spent warming up: 0 to 1")
     need(0 <= cfg.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
@@ -215,6 +222,10 @@ def check_config(cfg):
          "use seq_len >= 2 or jreg_skip_first=False")
     need(cfg.model in PRESETS, "model", f"choose one of {sorted(PRESETS)}")
     need(cfg.jreg_weighting in WEIGHTINGS, "jreg_weighting", f"choose one of {WEIGHTINGS}")
+    need(cfg.early_exit_scale in EARLY_EXIT_SCALES, "early_exit_scale", f"choose one of {EARLY_EXIT_SCALES}")
+    for key, default in (("early_exit_scale", "uniform"), ("early_exit_every", 0)):
+        need(cfg.early_exit or getattr(cfg, key) == default, key, "shapes the early-exit loss, which is off: set "
+             "early_exit > 0 too")
     need(cfg.dtype in ("auto", "bfloat16", "float32"), "dtype", "choose auto, bfloat16 or float32")
     need(cfg.fsdp_param_dtype in ("bfloat16", "float32"), "fsdp_param_dtype", "choose bfloat16 or float32")
     need(cfg.sharded_ckpt or not cfg.async_ckpt, "async_ckpt", "needs sharded_ckpt=True")
@@ -255,6 +266,9 @@ def model_config(cfg, weights=None):
         mcfg = dataclasses.replace(base, **cfg.shape, max_seq_len=max(cfg.seq_len, base.max_seq_len))
     except ValueError as e:                                       # LlamaConfig's checks, each one line
         fail(f"model shape: {e}")
+    if cfg.backout_lr_mult != 1 and not mcfg.backout_layer:
+        fail(f"config key 'backout_lr_mult' = {cfg.backout_lr_mult!r}: is Backout's λ's, and Backout is off: set "
+             "backout_layer too")
     if cfg.early_exit and mcfg.n_layer < 2:
         fail(f"config key 'early_exit' = {cfg.early_exit!r}: the early-exit loss reads the layers below the last, and "
              f"a model of n_layer = {mcfg.n_layer} has none: use n_layer >= 2 or early_exit=0")

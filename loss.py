@@ -6,6 +6,7 @@ What training minimises: the language-model loss, computed a chunk of positions 
         # == F.cross_entropy(lm_head(hidden).float().flatten(0, 1), targets.flatten(), ignore_index=-1), with
         # chunk_loss as shipped; terms: each named term's mean (detached), {"ce": ...}
     objective = Objective(model, jreg_lambda=1.0, alpha=1.0, early_exit=0.0)
+    objective.at_step(step)                                        # the exits LayerSkip's curriculum trains now
     loss, penalty, per_target, per_token = objective(x, y, mask)   # train.train_step: loss + λ · penalty
 
 chunk_loss, just below, is the loss of one chunk: a plain function that autograd differentiates. An edit to it (a
@@ -22,6 +23,8 @@ import torch.nn.functional as F
 from torch.func import functional_call, vjp
 
 from jreg import displacement, layer_weights, streams
+
+EARLY_EXIT_SCALES = ("uniform", "sum_l")                     # how Objective weighs the early exits' losses
 
 
 def chunk_loss(logits, targets):
@@ -57,8 +60,12 @@ class Objective(nn.Module):
     """What a training step minimises, from one forward of `model` (one graph for torch.compile, one module for DDP):
     loss + jreg_lambda · penalty, where
       loss     the mean over the targets != -1 of the model's loss (cross_entropy: CE and any term of chunk_loss) plus,
-               with early_exit = w > 0, LayerSkip's early-exit loss w · mean over ℓ < L of CE(head(head_input(h_ℓ)), y)
-               (the logit lens of every block below L, trained);
+               with early_exit = w > 0, LayerSkip's early-exit loss on the logit lens of the blocks below L,
+               CE_ℓ = CE(head(head_input(h_ℓ)), y): early_exit_scale "uniform", CE_L + w · mean over ℓ < L of CE_ℓ;
+               "sum_l", Σ_ℓ s_ℓ · CE_ℓ over the trained exits and L, s_ℓ ∝ the sum of the trained depths up to ℓ
+               (ℓ(ℓ+1)/2 when every exit trains), × w for ℓ < L, Σ s = 1 (torchtune's early_exit_loss with
+               sum_l_loss_scale, read at the blocks' outputs); with early_exit_every = R > 0 only the exits that the
+               step's rotation names train (at_step: torchtune's RotationalEarlyExitCurriculum);
       penalty  JREG, Σ_l w_l Ψ_l (jreg.py) over the tokens of mask: w = layer_weights(L, alpha, weighting), h_L raw or
                after the final norm (final_norm), position 0 left out or not (skip_first).
     The loop weighs the two by their micro-batch's share of the global batch's targets and tokens (train.train_step),
@@ -66,23 +73,52 @@ class Objective(nn.Module):
     autograd. (Compiled, sharded or wrapped for the loop: parallel.parallelize.)"""
 
     def __init__(self, model, jreg_lambda=1.0, alpha=1.0, weighting="index", final_norm=False, skip_first=False,
-                 early_exit=0.0):
+                 early_exit=0.0, early_exit_scale="uniform", early_exit_every=0):
         super().__init__()
         self.model, self.jreg_lambda, self.early_exit = model, jreg_lambda, early_exit
         self.final_norm, self.skip_first = final_norm, skip_first
         self.displacement = displacement
         self.register_buffer("weights", layer_weights(model.config.n_layer, alpha, weighting), persistent=False)
+        self.scale, self.every = early_exit_scale, early_exit_every
+        self.register_buffer("exits", torch.ones(model.config.n_layer), persistent=False)   # trained now: h_1..h_L
+        self.trained = list(range(1, model.config.n_layer))       # the same, as the blocks ℓ < L (eager: the rest skip)
+
+    def at_step(self, step):
+        """The exits this step trains: all, or with early_exit_every = R those of LayerSkip's rotation, torchtune's
+        RotationalEarlyExitCurriculum over the layers "::R" rolled by one a step (here at the blocks' outputs:
+        exit ℓ ↔ index ℓ − 1), and h_L always."""
+        if self.every:
+            L = self.model.config.n_layer
+            self.trained = [ell for ell in range(1, L) if (ell - 1 - step) % L % self.every == 0]
+            self.exits.copy_(torch.tensor([float(ell in self.trained or ell == L) for ell in range(1, L + 1)]))
+
+    def early_exit_loss(self, loss, out, y):
+        """(the loss with the early exits, their part alone): see the class docstring."""
+        m, L = self.model, self.model.config.n_layer
+        every = self.trained if not torch.compiler.is_compiling() else range(1, L)   # compiled: zero weights, no guard
+        lens = {ell: m.loss(m.lm_head, m.head_input(out.hidden_states[ell], out.hidden_states), y, m.loss_chunk)[0]
+                for ell in every}
+        if self.scale == "uniform" and not self.every:            # w · mean over ℓ < L (as before the options)
+            part = self.early_exit * sum(lens.values()) / (L - 1)
+            return loss + part, part
+        ell = torch.arange(1, L + 1, dtype=torch.float32, device=self.exits.device)
+        if self.scale == "uniform":                               # w · mean over the trained exits
+            s = self.early_exit * self.exits[:-1] / self.exits[:-1].sum().clamp(min=1)
+            part = sum((s[i - 1] * lens[i] for i in lens), loss.new_zeros(()))
+            return loss + part, part
+        s = torch.cumsum(ell * self.exits, 0) * self.exits * torch.where(ell < L, self.early_exit, 1.0)   # sum_l
+        s = s / s.sum()
+        part = sum((s[i - 1] * lens[i] for i in lens), loss.new_zeros(()))
+        return s[-1] * loss + part, part
 
     def forward(self, x, y, mask=None):
         """(loss, penalty, per_target, per_token): the loss and the penalty above, and the named values to log, means
         over the same targets (the loss's parts: ce, early_exit, ...) and tokens (jreg, psi = Ψ_1..Ψ_L)."""
         out = self.model(x, y)                                  # the loss chunked: no full logits
         loss, terms = out.loss, out.loss_terms
-        if self.early_exit:                                     # the logit lens of every block below L, trained
-            m, lenses = self.model, out.hidden_states[1:-1]
-            lens = sum(m.loss(m.lm_head, m.head_input(h, out.hidden_states), y, m.loss_chunk)[0] for h in lenses)
-            lens = self.early_exit * lens / len(lenses)
-            loss, terms = loss + lens, {**terms, "early_exit": lens.detach()}
+        if self.early_exit:                                     # the logit lens of the blocks below L, trained
+            loss, part = self.early_exit_loss(loss, out, y)
+            terms = {**terms, "early_exit": part.detach()}
         hs = streams(out, self.final_norm)
         if not self.jreg_lambda:
             hs = [h.detach() for h in hs]

@@ -9,7 +9,8 @@ F.scaled_dot_product_attention, SwiGLU MLP, no biases, final RMSNorm, LM head. N
     out = model(idx, targets)                # out.loss: mean cross-entropy over targets != -1, logits None (training
                                              # and evaluation: loss.cross_entropy, loss_chunk positions at a time
                                              # through lm_head, so full logits never exist); out.loss_terms its terms
-    out.hidden_states   [h_0, h_1, ..., h_L]: h_0 the embedding output, h_l the raw residual stream after block l
+    out.hidden_states   [h_0, h_1, ..., h_L]: h_0 the embedding output (normed with embedding_norm), h_l the raw
+                        residual stream after block l
     out.final_hidden    head_input(h_L) = norm(h_L), the vector the LM head reads (what Hugging Face reports as its
                         last hidden state); model.lm_head(model.head_input(h_l, out.hidden_states)): layer l's logits
 
@@ -47,11 +48,13 @@ class LlamaConfig:
     norm_eps: float = 1e-5         # RMSNorm epsilon
     tie_embeddings: bool = False   # share the embedding and the head
     init_std: float = 0.02         # std of the initial weights
+    depth_scaled_init: bool = True  # o_proj/down_proj from init_std/√(2L) (GPT-2's); False: init_std for every matrix
     # other fixes for the last layers (docs/methods.md), each off by default: off is today's model to the last bit
     layernorm_scaling: bool = False  # LayerNorm Scaling: block ℓ's pre-norm outputs × 1/√ℓ (arXiv 2502.05795)
     mix_ln: float = 0.0            # Mix-LN: the first ⌊mix_ln · L⌋ blocks Post-LN (arXiv 2412.13795 uses 0.25)
     peri_ln: bool = False          # Peri-LN: a norm on each sublayer's output too, y = x + N(F(N(x))) (2502.02732)
     backout_layer: int = 0         # Backout: the head reads N(h_L − λ·h_k), k this layer, λ learned from 0.5 (0: off)
+    embedding_norm: bool = False   # a norm on the embedding's output, h_0 = N(E[x]) (Peri-LN's, in OLMo-core)
 
     @property
     def head_dim(self):
@@ -211,13 +214,14 @@ class LlamaOutput(NamedTuple):
 
 # Each parameter's start, by its name (re.fullmatch, the first rule that matches): one place per parameter. A new
 # parameter needs its rule here; one that no rule names is refused when the model is built, never guessed.
-# ("normal", s): N(0, s · init_std); ("normal_depth", s): N(0, s · init_std / √(2L)), the residual outputs; a number:
-# that constant. Only the normal rules draw from the generator: the order of the parameters fixes the numbers.
+# ("normal", s): N(0, s · init_std); ("normal_depth", s): N(0, s · init_std / √(2L)), the residual outputs (init_std
+# alone with depth_scaled_init off); a number: that constant. Only the normal rules draw from the generator: the order
+# of the parameters fixes the numbers.
 INIT = {
     r"tok_emb\.weight|lm_head\.weight": ("normal", 1.0),
     r"layers\.\d+\.attn\.[qkv]_proj\.weight|layers\.\d+\.mlp\.(gate|up)_proj\.weight": ("normal", 1.0),
     r"layers\.\d+\.attn\.o_proj\.weight|layers\.\d+\.mlp\.down_proj\.weight": ("normal_depth", 1.0),
-    r"(layers\.\d+\.(attn|mlp|attn_out|mlp_out)_)?norm\.weight": 1.0,   # RMSNorm gains
+    r"(layers\.\d+\.(attn|mlp|attn_out|mlp_out)_|embedding_)?norm\.weight": 1.0,   # RMSNorm gains
     r"backout_lambda": 0.5,                                                # Backout's λ
     r".*\.bias": 0.0,                                                     # none in a Llama; an ablation's start
 }
@@ -231,6 +235,7 @@ class Llama(nn.Module):
         super().__init__()
         self.config, self.activation_checkpointing = cfg, activation_checkpointing
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embedding_norm = RMSNorm(cfg.d_model, cfg.norm_eps) if cfg.embedding_norm else None
         self.layers = nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layer)])
         if cfg.backout_layer:
             self.backout_lambda = nn.Parameter(torch.empty(1))            # 1-D: FSDP shards no scalar
@@ -253,7 +258,8 @@ class Llama(nn.Module):
                                  "model.INIT")
             if isinstance(rule, tuple):
                 kind, scale = rule
-                depth = math.sqrt(2 * self.config.n_layer) if kind == "normal_depth" else 1.0
+                scaled = kind == "normal_depth" and self.config.depth_scaled_init
+                depth = math.sqrt(2 * self.config.n_layer) if scaled else 1.0
                 nn.init.normal_(p, 0.0, scale * self.config.init_std / depth)
             else:
                 nn.init.constant_(p, rule)
@@ -275,6 +281,8 @@ class Llama(nn.Module):
             positions = cache.start(T)
             cos, sin = self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)   # [B, 1, T, hd]
         x = self.tok_emb(idx)
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
         hidden_states = [x]
         recompute = self.activation_checkpointing and cache is None and torch.is_grad_enabled()
         for i, block in enumerate(self.layers):

@@ -11,6 +11,7 @@ whether anything is distributed, sharded or compiled:
                                                  # it is; before the optimizer (FSDP's parameters are its shards)
     objective(x, y, mask)                        # a micro-batch's forward, as the objective returns it
     objective.jreg_lambda                        # the objective's λ (loss.Objective)
+    objective.at_step(step)                      # the objective at this step (LayerSkip's rotating early exits)
     objective.set_gradient_sync(on)              # whether this micro-batch's backward reduces gradients
     objective.clip_grad_norm(max_norm)           # the global gradient norm (a plain tensor), gradients clipped
     objective.evaluate(x, y)                     # the model's forward, eager (validation: no compile, no hooks)
@@ -108,6 +109,7 @@ class Parallel:
     def __init__(self, objective, forward, set_gradient_sync):
         self.model, self.forward, self.set_gradient_sync = objective.model, forward, set_gradient_sync
         self.jreg_lambda = objective.jreg_lambda                  # λ, by which the loop weighs the penalty
+        self.at_step = objective.at_step                          # the step's early exits (loss.Objective)
 
     def __call__(self, *args):
         return self.forward(*args)

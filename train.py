@@ -103,15 +103,16 @@ def build_model(cfg, mcfg, device, init_sd):
     # what a step minimises, all its settings here: loss (+ early-exit loss) + λ · Σ_l w_l Ψ_l (loss.Objective)
     objective = Objective(model, jreg_lambda=cfg.jreg_lambda, alpha=cfg.jreg_alpha, weighting=cfg.jreg_weighting,
                           final_norm=cfg.jreg_final_norm, skip_first=cfg.jreg_skip_first,
-                          early_exit=cfg.early_exit).to(device)
+                          early_exit=cfg.early_exit, early_exit_scale=cfg.early_exit_scale,
+                          early_exit_every=cfg.early_exit_every).to(device)
     objective = parallelize(objective, cfg, device)       # parallel.Parallel: the objective as the loop calls it
-    decay, no_decay = [], []
-    for p in model.parameters():
+    decay, no_decay, own_lr = [], [], []
+    for name, p in model.named_parameters():
         decays = p.dim() >= 2 and (cfg.decay_embeddings or p is not model.tok_emb.weight)
-        (decay if decays else no_decay).append(p)
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type in ("cuda", "cpu"))
+        (own_lr if name == "backout_lambda" and cfg.backout_lr_mult != 1 else decay if decays else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups += [{"params": own_lr, "weight_decay": 0.0, "lr_mult": cfg.backout_lr_mult}] if own_lr else []   # × lr
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type in ("cuda", "cpu"))
     return model, objective, optimizer
 
 
@@ -264,7 +265,8 @@ def main(argv):
     while step < cfg.max_steps:
         t0, lr = time.time(), lr_at(step, cfg)
         for param_group in optimizer.param_groups:
-            param_group["lr"] = lr
+            param_group["lr"] = lr * param_group.get("lr_mult", 1.0)
+        objective.at_step(step)                                 # the early exits this step trains (LayerSkip's)
         means = train_step(objective, batches, counts, autocast, run.stop_requested())
         grad_norm = objective.clip_grad_norm(cfg.grad_clip)
         batches, counts = batches_at(seq_index + seqs_per_step)   # the next step's, read while the device works

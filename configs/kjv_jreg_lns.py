@@ -1,4 +1,6 @@
-# The small CPU reproduction with JREG (lambda = 1, alpha = 1) and LayerNorm Scaling together (docs/methods.md).
-include("kjv_jreg.py")       # JREG's settings
+# The small CPU reproduction with JREG (lambda = 1, alpha = 1) and LayerNorm Scaling (its authors' recipe) together
+# (docs/methods.md).
+include("kjv_lns.py")        # LNS's recipe
 out_dir = "out/kjv/jreg_lns"
-layernorm_scaling = True
+jreg_lambda = 1.0
+jreg_alpha = 1.0

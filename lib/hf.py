@@ -71,7 +71,7 @@ def llama_from_hf(hf_model):
 
 # the methods of model.LlamaConfig that a Llama cannot compute (LayerNorm Scaling folds into the norm gains)
 NOT_A_LLAMA = {"mix_ln": "Post-LN blocks", "peri_ln": "norms on the sublayers' outputs",
-               "backout_layer": "the head reading h_L − λ·h_k"}
+               "backout_layer": "the head reading h_L − λ·h_k", "embedding_norm": "a norm on the embedding's output"}
 
 
 def llama_to_hf(model):

@@ -1,0 +1,183 @@
+"""
+The comparison of JREG with the other fixes for the last layers (docs/methods.md), each method as its authors run it
+(configs/kjv_<method>.py) beside today's variants (named for what differs), at the quick start's budget (300 steps).
+
+    python results/methods/run_comparison.py sweep     # each condition's lr, chosen on held-out seeds
+    python results/methods/run_comparison.py table     # the tables' seeds, each condition at its own lr and at 3e-3
+    python results/methods/run_comparison.py deep      # 16 layers: the baseline, JREG and the two nearest methods
+
+sweep: every condition of SWEPT at ½×, 1× and 2× the study's lr on SWEEP_SEEDS, seeds that no table uses; where the
+best (the mean final val loss of the two) lies at an edge, one more lr beyond it, until it lies inside. table: each
+condition at its own lr (the sweep's pick) and at the study's, on SEEDS (a run at the pick that is the study's lr is
+one run). deep: DEEP at n_layer = 16, own lrs, the first five SEEDS. Runs go seed by seed (a seed's conditions
+together), two at a time, one thread each; each is train.py then evaluate.py --profile (study_runs.py), written to
+results/methods/<part>/CONDITION_lrLR_seedN.json with the machine: its CPU, torch, commit and `arithmetic`, the
+losses of a fixed 2-step run (so the comparison pairs only runs computed with one arithmetic). A rerun goes on where it
+stopped; a seed whose runs are half done on another arithmetic is run again whole here. Needs data/kjv_bytes
+(quickstart.sh).
+"""
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from study_runs import ROOT, save, train_and_profile  # noqa: E402
+
+CONDITIONS = {                                                  # the authors' recipes, then today's variants
+    "base": "configs/kjv.py", "jreg_a1": "configs/kjv_jreg.py", "lns": "configs/kjv_lns.py",
+    "mixln": "configs/kjv_mixln.py", "periln": "configs/kjv_periln.py", "early_exit": "configs/kjv_early_exit.py",
+    "backout": "configs/kjv_backout.py", "jreg_lns": "configs/kjv_jreg_lns.py",
+    "lns_depth_init": "configs/kjv_lns_depth_init.py",
+    "periln_no_embedding_norm": "configs/kjv_periln_no_embedding_norm.py",
+    "early_exit_uniform": "configs/kjv_early_exit_uniform.py", "backout_half": "configs/kjv_backout_half.py"}
+SWEPT = list(CONDITIONS)[:8]                                   # the variants run at the study's lr only
+STUDY_LR = 3e-3                                                # configs/kjv.py's
+SWEEP_LRS = [STUDY_LR / 2, STUDY_LR, STUDY_LR * 2]
+SWEEP_SEEDS = [1001, 1002]                                     # held out: no table uses them
+SEEDS = [1337, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+DEEP, DEEP_LAYERS, DEEP_SEEDS = ["base", "jreg_a1"], 16, SEEDS[:5]   # + the two methods nearest JREG (--deep_methods)
+
+
+def name(condition, lr, seed):
+    return f"{condition}_lr{lr:g}_seed{seed}"
+
+
+def arithmetic():
+    """The losses of configs/kjv.py's first 2 steps at 2 layers here, hashed: equal on two machines and commits only
+    where the training arithmetic is (the CPU's kernels, torch, the code)."""
+    folder = tempfile.mkdtemp()
+    try:
+        subprocess.run([sys.executable, "train.py", "configs/kjv.py", f"--out_dir={folder}", "--max_steps=2",
+                        "--eval_interval=0", "--n_layer=2", "--ckpt_interval=2", "--keep_ckpts=1"], cwd=ROOT,
+                       check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        losses = [json.loads(line)["loss"] for line in open(os.path.join(folder, "log.jsonl"))]
+    finally:
+        shutil.rmtree(folder)
+    return hashlib.sha256(repr(losses).encode()).hexdigest()[:12]
+
+
+def machine():
+    cpu = platform.processor()
+    if os.path.exists("/proc/cpuinfo"):
+        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                   cpu)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
+    import torch
+    return {"cpu": cpu, "torch": torch.__version__, "commit": commit.strip() or None, "arithmetic": arithmetic()}
+
+
+def one_run(condition, lr, seed, part, where, out_root, *settings):
+    run = name(condition, lr, seed)
+    out = {"run": run, "condition": condition, "seed": seed, "lr": lr, "settings": list(settings), "machine": where,
+           **train_and_profile(CONDITIONS[condition], os.path.join(out_root, part, run), seed, f"--lr={lr!r}",
+                               *settings)}
+    seconds = sorted(out.pop("step_seconds"))
+    out["seconds_per_step"] = seconds[len(seconds) // 2]                       # the median: no warm-up outlier
+    save(out, os.path.join(HERE, part, f"{run}.json"))
+    print(f"{part}/{run}: val loss {out['evals'][-1]['val_loss']:.4f}, ζ_L {out['profile']['zeta'][-1]:.2f}",
+          flush=True)
+
+
+def load(part):
+    """{run name: its result} of results/methods/<part>/."""
+    folder = os.path.join(HERE, part)
+    return {f[:-5]: json.load(open(os.path.join(folder, f))) for f in sorted(os.listdir(folder)) if f.endswith(".json")
+            } if os.path.isdir(folder) else {}
+
+
+def picks(sweep, conditions=SWEPT):
+    """{condition: (its best lr, whether the sweep is done: the best inside the lrs run, every run there)}; the best by
+    the mean final val loss over SWEEP_SEEDS of the lrs run on both."""
+    out = {}
+    for c in conditions:
+        mean = {}
+        for lr in sorted({r["lr"] for r in sweep.values() if r["condition"] == c}):
+            runs = [sweep.get(name(c, lr, s)) for s in SWEEP_SEEDS]
+            if all(runs):
+                mean[lr] = sum(r["evals"][-1]["val_loss"] for r in runs) / len(runs)
+        if not mean:
+            out[c] = (None, False)
+            continue
+        best = min(mean, key=mean.get)
+        out[c] = (best, best not in (min(mean), max(mean)) and set(SWEEP_LRS) <= set(mean))
+    return out
+
+
+def todo(grid, part, where):
+    """The runs of grid [(condition, lr, seed, settings)] still to run here: those without a result, and every run of
+    a seed whose runs are not all done and not all of this machine's arithmetic (that seed is run again whole)."""
+    done = load(part)
+    out = []
+    for seed in dict.fromkeys(s for _, _, s, _ in grid):
+        runs = [g for g in grid if g[2] == seed]
+        have = [done.get(name(c, lr, s)) for c, lr, s, _ in runs]
+        mixed = not all(have) and any(h and h["machine"]["arithmetic"] != where["arithmetic"] for h in have)
+        out += [g for g, h in zip(runs, have) if h is None or mixed]
+    return out
+
+
+def go(grid, part, where, out_root, jobs):
+    pending, t0 = todo(grid, part, where), time.time()
+    print(f"{part}: {len(pending)} of {len(grid)} runs to go, {jobs} at a time", flush=True)
+    os.makedirs(os.path.join(HERE, part), exist_ok=True)
+    with ThreadPoolExecutor(jobs) as pool:
+        for future in [pool.submit(one_run, c, lr, s, part, where, out_root, *settings)
+                       for c, lr, s, settings in pending]:
+            future.result()
+    print(f"{part}: {len(pending)} runs in {time.time() - t0:.0f} s", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("part", choices=["sweep", "table", "deep"])
+    p.add_argument("--out", default="out/comparison", help="the run folders")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
+    p.add_argument("--deep_methods", default="", help="deep: the two methods nearest JREG, e.g. lns,periln")
+    args = p.parse_args()
+    where = machine()
+    print(f"on {where['cpu']}, torch {where['torch']}, commit {where['commit']}, arithmetic {where['arithmetic']}",
+          flush=True)
+    if args.part == "sweep":
+        while True:                                             # the grid, then one lr further where a best is at an edge
+            sweep = load("sweep")
+            grid = [(c, lr, s, ()) for s in SWEEP_SEEDS for c in SWEPT for lr in SWEEP_LRS]
+            for c, (best, ok) in picks(sweep).items():
+                lrs = sorted({r["lr"] for r in sweep.values() if r["condition"] == c} | set(SWEEP_LRS))
+                if best is not None and set(SWEEP_LRS) <= set(lrs) and best in (lrs[0], lrs[-1]):
+                    further = best / 2 if best == lrs[0] else best * 2
+                    grid += [(c, further, s, ()) for s in SWEEP_SEEDS]
+                grid += [(c, lr, s, ()) for s in SWEEP_SEEDS for lr in lrs if lr not in SWEEP_LRS]
+            grid = list(dict.fromkeys(grid))
+            if not todo(grid, "sweep", where):
+                break
+            go(grid, "sweep", where, args.out, args.jobs)
+        for c, (best, ok) in picks(load("sweep")).items():
+            print(f"{c}: lr {best:g}" + ("" if ok else " (at an edge)"))
+        return
+    chosen = picks(load("sweep"))
+    if not all(ok for _, ok in chosen.values()):
+        raise SystemExit(f"error: the sweep is not done ({', '.join(c for c, (_, ok) in chosen.items() if not ok)}): "
+                         "run the sweep part first")
+    if args.part == "table":
+        grid = [(c, lr, s, ()) for s in SEEDS for c in CONDITIONS
+                for lr in dict.fromkeys([chosen[c][0], STUDY_LR] if c in chosen else [STUDY_LR])]
+        go(grid, "table", where, args.out, args.jobs)
+    else:
+        methods = [m for m in args.deep_methods.split(",") if m]
+        if len(methods) != 2 or not set(methods) <= set(SWEPT):
+            raise SystemExit(f"error: --deep_methods names two of {', '.join(SWEPT)}")
+        grid = [(c, chosen[c][0], s, (f"--n_layer={DEEP_LAYERS}",)) for s in DEEP_SEEDS for c in DEEP + methods]
+        go(grid, "deep", where, args.out, args.jobs)
+
+
+if __name__ == "__main__":
+    main()
