@@ -2,18 +2,21 @@
 The numbers README.md and docs/reproduction.md quote, from results/kjv/: the seed study (seeds/*.json, made by
 results/kjv/run_seeds.py), with per condition mean ± standard deviation over seeds and JREG − baseline per seed (the
 same seed: the same initialisation and data order) with a two-sided 95% t interval of the mean difference (n − 1
-degrees of freedom); the 600-step runs of two seeds; the drift other CPUs gave (other_cpus.json); the quick start's
-fresh-clone run. results/collect.py writes them; plots() draws the seed study's two figures.
+degrees of freedom; results/stats.py); the 600-step runs of two seeds; the drift other CPUs gave (other_cpus.json); the
+quick start's fresh-clone run. results/collect.py writes them; plots() draws the seed study's two figures.
 """
 import functools
 import glob
 import json
 import math
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stats import holm, mean_sd, t_interval, t_p  # noqa: E402,F401  (scipy.stats: results/stats.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KJV = os.path.join(ROOT, "results", "kjv")
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 CONDITIONS = {"base": "baseline", "jreg_a1": "JREG α = 1", "jreg_a3": "JREG α = 3"}
 # metric: (label, digits, function of a run's profile)
 METRICS = {"val_loss": ("val loss", 4, lambda p: p["loss"]),
@@ -31,42 +34,6 @@ def seed_runs():
         run = json.load(open(path))
         runs[run["condition"]][run["seed"]] = run
     return runs
-
-
-def mean_sd(values):
-    m = sum(values) / len(values)
-    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else float("nan")
-    return m, sd
-
-
-def t_interval(values):
-    """(mean, low, high): the two-sided 95% t interval of the mean."""
-    m, sd = mean_sd(values)
-    half = T975[len(values) - 1] * sd / math.sqrt(len(values)) if len(values) > 1 else float("nan")
-    return m, m - half, m + half
-
-
-def t_p(diff):
-    """Two-sided p of the paired t test of mean(diff) = 0 (the t distribution's tail, integrated numerically)."""
-    n = len(diff)
-    m, sd = mean_sd(diff)
-    if n < 2 or sd == 0:
-        return float("nan") if n < 2 else (0.0 if m else 1.0)
-    t, df = abs(m) / (sd / math.sqrt(n)), n - 1
-    c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
-    top, steps = math.atan(t / math.sqrt(df)), 20000          # x = √df·tan θ: ∫ f over [t, ∞) as θ in [top, π/2)
-    h = (math.pi / 2 - top) / steps
-    f = lambda th: c * math.sqrt(df) * math.cos(th) ** (df - 1)        # noqa: E731  f(x) dx in θ
-    return 2 * h * (f(top) / 2 + sum(f(top + i * h) for i in range(1, steps)) + f(math.pi / 2) / 2)
-
-
-def holm(ps):
-    """Holm's step-down adjusted p-values, in the input's order."""
-    order, out, running = sorted(range(len(ps)), key=lambda i: ps[i]), [0.0] * len(ps), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
-        out[i] = running
-    return out
 
 
 def p_text(p):
