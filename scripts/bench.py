@@ -14,6 +14,8 @@ Speed, measured side by side in one run (ratios, not absolute claims). Random to
                                                       # the predicted peak per GPU of a config, by part
     python -m scripts.bench --against 9146661 --compile       # the training forward + backward of model.py now vs at a git
                                                       # revision (an ablation vs main: --against main), same weights
+    python -m scripts.bench --steps configs/kjv.py configs/kjv_lns.py ...   # a training step of each config, as a
+                                                      # ratio to the first's in the same round (a method's step cost)
     ... --json results/speed/NAME.json                # also write the numbers, the command and the machine (a record
                                                       # the docs quote: results/collect.py reads results/speed/)
 
@@ -150,9 +152,9 @@ def estimate(mcfg, micro_batch, seq_len, mode="autocast", checkpointing=False, l
     return {**parts, "total": sum(parts.values())}
 
 
-def race(contenders, device, warmup, repeats):
+def race(contenders, device, warmup, repeats, rounds=False):
     """Median seconds per call of each contender, interleaved, in reverse order every other round (so that neither
-    the first nor the last place favours a contender)."""
+    the first nor the last place favours a contender); rounds: each round's seconds instead of the medians."""
     for fn in contenders.values():
         for _ in range(warmup):
             fn()
@@ -160,7 +162,49 @@ def race(contenders, device, warmup, repeats):
     for r in range(repeats):
         for name, fn in list(contenders.items())[::-1 if r % 2 else 1]:
             times[name].append(timed(fn, device))
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times if rounds else {name: statistics.median(t) for name, t in times.items()}
+
+
+def bench_steps(args, device, autocast):
+    """A training step of each config (its model and methods, its objective, AdamW; one micro-batch of its shape,
+    random tokens), interleaved, each round's time as a ratio to the first config's in the same round: what a method
+    costs a step, apart from the machine's load."""
+    contenders = {}
+    for path in args.steps:
+        cfg = load_config([path])
+        mcfg = model_config(cfg)
+        torch.manual_seed(0)
+        model = Llama(mcfg, loss_chunk=cfg.loss_chunk).to(device)
+        objective = Objective(model, jreg_lambda=cfg.jreg_lambda, alpha=cfg.jreg_alpha, weighting=cfg.jreg_weighting,
+                              final_norm=cfg.jreg_final_norm, skip_first=cfg.jreg_skip_first, early_exit=cfg.early_exit,
+                              early_exit_scale=cfg.early_exit_scale, early_exit_every=cfg.early_exit_every).to(device)
+        run = torch.compile(objective) if args.compile else objective
+        x, y = (torch.randint(0, mcfg.vocab_size, (cfg.micro_batch, cfg.seq_len), device=device) for _ in "xy")
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                betas=(cfg.beta1, cfg.beta2), fused=device.type in ("cuda", "cpu"))
+
+        def step(objective=objective, run=run, model=model, opt=opt, x=x, y=y, cfg=cfg, count=itertools.count()):
+            objective.at_step(next(count))                               # LayerSkip's rotation, as in training
+            with autocast:
+                loss, penalty, *_ = run(x, y)
+            (loss + cfg.jreg_lambda * penalty).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        contenders[os.path.splitext(os.path.basename(path))[0]] = step
+    times = race(contenders, device, args.warmup, args.repeats, rounds=True)
+    first = next(iter(times))
+    ratios = {name: sorted(a / b for a, b in zip(t, times[first])) for name, t in times.items()}
+    print(f"a training step of each config, {args.repeats} interleaved rounds | {device} {args.dtype} | "
+          f"compile={bool(args.compile)} | threads {torch.get_num_threads()} | torch {torch.__version__}")
+    for name, t in times.items():
+        q = statistics.quantiles(ratios[name], n=4)
+        print(f"{name:32s} {1e3 * statistics.median(t):8.1f} ms   × {first}: {statistics.median(ratios[name]):.3f} "
+              f"(quartiles {q[0]:.3f}–{q[2]:.3f})")
+    RESULTS.update(step_ms={k: 1e3 * statistics.median(v) for k, v in times.items()}, first=first,
+                   ratio={k: statistics.median(v) for k, v in ratios.items()},
+                   ratio_quartiles={k: statistics.quantiles(v, n=4)[::2] for k, v in ratios.items()},
+                   configs=list(args.steps), threads=torch.get_num_threads(), repeats=args.repeats)
 
 
 def bench_generation(model, device, args):
@@ -403,6 +447,8 @@ def parse_args(argv=None):
                    "blocks stored vs checkpointed, measured beside the estimate")
     p.add_argument("--memory", nargs="+", metavar="CONFIG.py", help="the predicted peak per GPU of these configs")
     p.add_argument("--against", metavar="REV", help="model.py now vs at this git revision: training forward + backward")
+    p.add_argument("--steps", nargs="+", metavar="CONFIG.py", help="a training step of each config, interleaved, as a "
+                   "ratio to the first's")
     p.add_argument("--world", type=int_at_least(1), default=8, help="--memory: processes (GPUs)")
     p.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=None, help="--memory: default, the config's")
     p.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=None,
@@ -514,6 +560,9 @@ def run_bench(args):
     if args.memory:
         return memory_table(args)
     device = torch.device(check_device(args.device))
+    if args.steps:
+        return bench_steps(args, device, torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bfloat16"
+                           else nullcontext())
     torch.backends.cuda.matmul.allow_tf32 = True
     mcfg = PRESETS[args.preset]
     mcfg = dataclasses.replace(mcfg, max_seq_len=max(mcfg.max_seq_len, args.seq_len),

@@ -200,3 +200,23 @@ def test_a_recipe_setting_without_its_method_is_one_line():
                       (["--backout_lr_mult=5"], "'backout_lr_mult' = 5.0: is Backout's λ's, and Backout is off")):
         with pytest.raises(SystemExit, match=what):
             CF.check_config(CF.load_config(TINY + bad))
+
+
+def test_bench_steps_times_each_configs_step_as_a_ratio_to_the_first(tmp_path, capsys):
+    """scripts/bench.py --steps: each config's own training step (its methods and objective), interleaved; the first's
+    ratio is 1 and the record names every config (timings are printed, never asserted)."""
+    from scripts import bench
+    configs = []
+    for name, extra in (("plain", ""), ("layerskip", 'early_exit = 0.1\nearly_exit_scale = "sum_l"\n'
+                                                     "early_exit_every = 2\n"), ("backout", "backout_layer = 2\n")):
+        path = tmp_path / f"{name}.py"
+        path.write_text('model = "tiny"\nn_layer = 4\nd_model = 64\nn_head = 4\nn_kv_head = 2\nffn_hidden = 128\n'
+                        'vocab_size = 320\ntokenizer = "bytes"\nseq_len = 64\nmicro_batch = 2\nbatch_tokens = 128\n'
+                        'device = "cpu"\ncompile = False\n' + extra)
+        configs.append(str(path))
+    out = tmp_path / "steps.json"
+    bench.main(["--steps", *configs, "--repeats", "3", "--warmup", "1", "--json", str(out)])
+    record = __import__("json").load(open(out))["results"]
+    assert record["first"] == "plain" and record["ratio"]["plain"] == 1.0
+    assert set(record["ratio"]) == {"plain", "layerskip", "backout"} and all(v > 0 for v in record["ratio"].values())
+    assert "× plain" in capsys.readouterr().out
