@@ -155,15 +155,23 @@ def comparison():
     return "\n".join(lines) + (
         "\n\nEach cell: the method's value minus the baseline's of the same seed, the mean over the seeds both have "
         "[its two-sided 95% t interval], and the paired t test's p (n − 1 degrees of freedom); * marks a difference "
-        f"that survives Holm's correction across the {len(methods)} methods at 0.05. ζ_L, Ψ_L, total Ψ (layers 2..L), "
-        "the loss increase when block L is skipped and the logit lens are evaluate.py's profile on the first 4,096 "
-        "validation tokens; s a step is the median wall-clock of a training step, two runs at a time on 2 cores. "
+        f"that survives Holm's correction across the {len(methods)} methods at 0.05. ζ_L, Ψ_L and total Ψ (layers "
+        f"2..L) are evaluate.py's profile on the first {tokens(by)[0]:,} validation tokens, the loss increase when "
+        f"block L is skipped and the logit lens on its first {tokens(by)[1]:,}; s a step is the median wall-clock of a training step, two runs at a time on 2 cores. "
         f"The steps of the {sum(map(len, by.values()))} runs add up to "
         f"{sum(r['seconds_per_step'] * r['last_step']['step'] for v in by.values() for r in v.values()) / 60:.0f} "
         "min (each run's median step × its steps; evaluation not counted)."
         + (f" Not yet complete: {', '.join(missing)} seeds." if missing else "")
         + (f" {left_out} runs from another machine or commit left out." if left_out else "")
         + (unread_note([c for c in methods if c in unread], len(methods), dropped) if unread else ""))
+
+
+def tokens(by):
+    """(the validation tokens of Ψ and ζ, those of the skipped block and the lens) of the profiles, the same in all."""
+    counts = {(r["profile"]["n_tokens"], r["profile"]["analysis_tokens"]) for v in by.values() for r in v.values()}
+    if len(counts) != 1:
+        raise SystemExit(f"error: the profiles read different numbers of validation tokens: {sorted(counts)}")
+    return counts.pop()
 
 
 def unread_note(unread, n, dropped):

@@ -94,22 +94,39 @@ def load(part):
             } if os.path.isdir(folder) else {}
 
 
-def picks(sweep, conditions=SWEPT):
-    """{condition: (its best lr, whether the sweep is done: the best inside the lrs run, every run there)}; the best by
-    the mean final val loss over SWEEP_SEEDS of the lrs run on both."""
+def picks_means(sweep, condition):
+    """{lr: the mean final val loss over SWEEP_SEEDS} of the lrs this condition has run on every one of them."""
+    mean = {}
+    for lr in sorted({r["lr"] for r in sweep.values() if r["condition"] == condition}):
+        runs = [sweep.get(name(condition, lr, s)) for s in SWEEP_SEEDS]
+        if all(runs):
+            mean[lr] = sum(r["evals"][-1]["val_loss"] for r in runs) / len(runs)
+    return mean
+
+
+def picks(sweep, conditions=None):
+    """{condition: (its best lr, whether the sweep is done: the best inside the lrs run, every lr run on every seed)};
+    the best by the mean final val loss over SWEEP_SEEDS."""
     out = {}
-    for c in conditions:
-        mean = {}
-        for lr in sorted({r["lr"] for r in sweep.values() if r["condition"] == c}):
-            runs = [sweep.get(name(c, lr, s)) for s in SWEEP_SEEDS]
-            if all(runs):
-                mean[lr] = sum(r["evals"][-1]["val_loss"] for r in runs) / len(runs)
-        if not mean:
-            out[c] = (None, False)
-            continue
-        best = min(mean, key=mean.get)
-        out[c] = (best, best not in (min(mean), max(mean)) and set(SWEEP_LRS) <= set(mean))
+    for c in conditions or SWEPT:
+        mean = picks_means(sweep, c)
+        ran = {r["lr"] for r in sweep.values() if r["condition"] == c}
+        best = min(mean, key=mean.get) if mean else None
+        out[c] = (best, bool(mean) and best not in (min(mean), max(mean)) and set(SWEEP_LRS) <= set(mean) == ran)
     return out
+
+
+def sweep_grid(sweep):
+    """The sweep's runs [(condition, lr, seed, settings)]: SWEEP_LRS for every condition of SWEPT on SWEEP_SEEDS, the
+    further lrs already run, and where a condition's best (picks) lies at an edge of its lrs run, the next one beyond
+    it (½× below, 2× above)."""
+    grid = [(c, lr, s, ()) for s in SWEEP_SEEDS for c in SWEPT for lr in SWEEP_LRS]
+    for c, (best, ok) in picks(sweep).items():
+        lrs = sorted({r["lr"] for r in sweep.values() if r["condition"] == c} | set(SWEEP_LRS))
+        grid += [(c, lr, s, ()) for s in SWEEP_SEEDS for lr in lrs if lr not in SWEEP_LRS]
+        if best is not None and not ok and set(SWEEP_LRS) <= set(picks_means(sweep, c)):
+            grid += [(c, best / 2 if best == lrs[0] else best * 2, s, ()) for s in SWEEP_SEEDS]
+    return list(dict.fromkeys(grid))
 
 
 def todo(grid, part, where):
@@ -147,19 +164,8 @@ def main():
     print(f"on {where['cpu']}, torch {where['torch']}, commit {where['commit']}, arithmetic {where['arithmetic']}",
           flush=True)
     if args.part == "sweep":
-        while True:                                             # the grid, then one lr further where a best is at an edge
-            sweep = load("sweep")
-            grid = [(c, lr, s, ()) for s in SWEEP_SEEDS for c in SWEPT for lr in SWEEP_LRS]
-            for c, (best, ok) in picks(sweep).items():
-                lrs = sorted({r["lr"] for r in sweep.values() if r["condition"] == c} | set(SWEEP_LRS))
-                if best is not None and set(SWEEP_LRS) <= set(lrs) and best in (lrs[0], lrs[-1]):
-                    further = best / 2 if best == lrs[0] else best * 2
-                    grid += [(c, further, s, ()) for s in SWEEP_SEEDS]
-                grid += [(c, lr, s, ()) for s in SWEEP_SEEDS for lr in lrs if lr not in SWEEP_LRS]
-            grid = list(dict.fromkeys(grid))
-            if not todo(grid, "sweep", where):
-                break
-            go(grid, "sweep", where, args.out, args.jobs)
+        while todo(sweep_grid(load("sweep")), "sweep", where):    # the grid, then further lrs while a best is at an edge
+            go(sweep_grid(load("sweep")), "sweep", where, args.out, args.jobs)
         for c, (best, ok) in picks(load("sweep")).items():
             print(f"{c}: lr {best:g}" + ("" if ok else " (at an edge)"))
         return

@@ -1,0 +1,248 @@
+"""
+The comparison of docs/methods.md, from results/methods/{sweep,table,deep}/*.json (made by run_comparison.py) and
+results/methods/step_time.json (scripts/bench.py --steps): each method as its authors run it, and today's variants.
+
+    sweep()      each condition's lr: the mean final val loss over the held-out seeds at each lr, the pick marked
+    table()      the main table: every condition at its own lr, against the baseline at its own, same seed
+    shared()     the second table: every condition at the study's lr 3e-3, against the baseline there
+    deep()       16 layers: the baseline, JREG and the two methods nearest JREG, at their own lrs
+    steps()      a training step of each condition as a ratio to the baseline's, measured interleaved in one process
+    finding()    what the tables say
+
+A cell is the method's value minus the baseline's of the same seed (the same initialisation and data order), the mean
+over the seeds both have, with the paired test of results/stats.py: for ζ_L (bounded at 0, often exactly 0) the exact
+sign-flip permutation test and a percentile bootstrap interval; for the others the paired t test and its t interval.
+The correction is Holm's, within each column of a table: the family is one metric's comparisons of that table's
+methods with the baseline. A pair is kept only where both runs share one arithmetic (run_comparison.machine()).
+
+    python results/methods/numbers_comparison.py       # every table on stdout
+"""
+import json
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+import run_comparison as RC  # noqa: E402
+import stats as S  # noqa: E402
+
+NAMES = {"base": "baseline", "jreg_a1": "JREG α = 1", "lns": "LayerNorm Scaling", "mixln": "Mix-LN",
+         "periln": "Peri-LN", "early_exit": "LayerSkip early-exit loss", "backout": "Backout",
+         "jreg_lns": "JREG + LayerNorm Scaling", "lns_depth_init": "LNS, depth-scaled init",
+         "periln_no_embedding_norm": "Peri-LN, no embedding norm", "early_exit_uniform": "early exit, uniform 0.1",
+         "backout_half": "Backout at h_{L/2}, λ at 1× lr"}
+
+
+def lens_mid(p):
+    """The mean logit-lens loss over h_3..h_{L−1} (nats)."""
+    lens = p["logit_lens_loss"][3:-1]
+    return sum(lens) / len(lens)
+
+
+# metric: (label, digits, function of a run's profile, test: "t" or "sign-flip")
+METRICS = {"val_loss": ("val loss", 4, lambda p: p["loss"], "t"),
+           "zeta_L": ("ζ_L", 2, lambda p: p["zeta"][-1], "sign-flip"),
+           "psi_L": ("Ψ_L", 4, lambda p: p["psi"][-1], "t"),
+           "psi_total": ("total Ψ", 4, lambda p: sum(p["psi"][1:]), "t"),
+           "skip_L": ("skip block L (nats)", 3, lambda p: p["skip_block_loss_increase"][-1], "t"),
+           "lens_mid": ("lens h_3..h_{L−1} (nats)", 3, lens_mid, "t")}
+STEP_TIME = os.path.join(HERE, "step_time.json")
+
+
+def lr_text(lr):
+    """A learning rate as the configs write it: 1.5e-3, not 0.0015."""
+    mantissa, exponent = f"{lr:e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def interval(t, digits):
+    return f"{t[0]:+.{digits}f} [{t[1]:+.{digits}f}, {t[2]:+.{digits}f}]"
+
+
+def p_text(p):
+    return "p<0.001" if p < 0.001 else f"p={p:.3f}"
+
+
+def sweep():
+    """The held-out sweep: each condition's mean final val loss over SWEEP_SEEDS at each lr run, the pick in bold."""
+    runs, chosen = RC.load("sweep"), RC.picks(RC.load("sweep"))
+    if not runs:
+        return "No runs yet: python results/methods/run_comparison.py sweep."
+    lrs = sorted({r["lr"] for r in runs.values()})
+    lines = [f"| seeds {', '.join(map(str, RC.SWEEP_SEEDS))}, 300 steps | " + " | ".join(
+        f"lr {lr_text(lr)}" for lr in lrs) + " | pick |", "|---" * (len(lrs) + 2) + "|"]
+    for c in RC.SWEPT:
+        cells = []
+        for lr in lrs:
+            have = [runs.get(RC.name(c, lr, s)) for s in RC.SWEEP_SEEDS]
+            if not all(have):
+                cells.append(f"({sum(map(bool, have))} of {len(have)})" if any(have) else "")
+                continue
+            loss = sum(r["evals"][-1]["val_loss"] for r in have) / len(have)
+            zeta = sum(r["profile"]["zeta"][-1] for r in have) / len(have)
+            cells.append(("**{:.4f}** ({:.2f})" if lr == chosen[c][0] else "{:.4f} ({:.2f})").format(loss, zeta))
+        best, done = chosen[c]
+        pick = "" if best is None else lr_text(best) + ("" if done else " (so far)")
+        lines.append(f"| {NAMES[c]} | " + " | ".join(cells) + f" | {pick} |")
+    return "\n".join(lines) + (
+        "\n\nEach cell: the final validation loss (ζ_L in brackets) after 300 steps at that peak lr (warm-up and decay "
+        f"as configs/kjv.py), the mean over the held-out seeds {' and '.join(map(str, RC.SWEEP_SEEDS))}, which no "
+        "table uses; bold: the condition's pick, the lowest mean; a blank was not run, (k of 2) is under way. Where "
+        "the lowest lay at an edge of ½×, 1× and 2× the study's lr, the next lr beyond it was run, until it lay "
+        "inside.")
+
+
+def pairs(runs, condition, base, lr, base_lr, seeds):
+    """{seed: (the condition's run, the baseline's run)} at these lrs, for the seeds both have on one arithmetic, and
+    the seeds left out for a differing arithmetic."""
+    out, apart = {}, []
+    for s in seeds:
+        a, b = runs.get(RC.name(condition, lr, s)), runs.get(RC.name(base, base_lr, s))
+        if a and b:
+            if a["machine"]["arithmetic"] == b["machine"]["arithmetic"]:
+                out[s] = (a, b)
+            else:
+                apart.append(s)
+    return out, apart
+
+
+def cells(rows):
+    """rows {method: {seed: (run, baseline run)}} -> ({(method, metric): text}, {metric: (n, detectable at 0.05,
+    detectable at 0.05 / family)}): each metric's paired test, Holm's correction across the methods (* survives)."""
+    out, power = {}, {}
+    for m, (_, digits, f, test) in METRICS.items():
+        tested = {}
+        for c, by_seed in rows.items():
+            diff = [f(a["profile"]) - f(b["profile"]) for a, b in by_seed.values()]
+            if len(diff) < 2:
+                continue
+            if test == "sign-flip":
+                tested[c] = (S.bootstrap_interval(diff), S.sign_flip_p(diff), diff)
+            else:
+                tested[c] = (S.t_interval(diff), S.t_p(diff), diff)
+        adjusted = dict(zip(tested, S.holm([p for _, p, _ in tested.values()])))
+        for c, (t, p, _) in tested.items():
+            out[c, m] = f"{interval(t, digits)} {p_text(p)}" + ("*" if adjusted[c] < 0.05 else "")
+        if tested:
+            n = min(len(d) for _, _, d in tested.values())
+            sd = statistics.median(S.mean_sd(d)[1] for _, _, d in tested.values())
+            power[m] = (n, S.detectable(sd, n), S.detectable(sd, n, 0.05 / len(tested)))
+    return out, power
+
+
+def comparison(runs, conditions, lrs, base_lr, seeds, title):
+    """One table: the baseline's mean ± sd, then per condition its lr, seeds and cells; the power line below."""
+    rows, apart = {}, set()
+    for c in conditions:
+        rows[c], left = pairs(runs, c, "base", lrs[c], base_lr, seeds)
+        apart.update(left)
+    rows = {c: v for c, v in rows.items() if v}
+    if not rows:
+        return None
+    base = [b for v in rows.values() for _, b in v.values()]
+    base = list({id(b): b for b in base}.values())
+    texts, power = cells(rows)
+    lines = [f"| {title} | lr | seeds | " + " | ".join(label for label, *_ in METRICS.values()) + " |",
+             "|---" * (len(METRICS) + 3) + "|",
+             f"| baseline (mean ± sd) | {lr_text(base_lr)} | {len(base)} | " + " | ".join(
+                 "{:.{d}f} ± {:.{d}f}".format(*S.mean_sd([f(r["profile"]) for r in base]), d=d)
+                 for _, d, f, _ in METRICS.values()) + " |"]
+    for c, v in rows.items():
+        lines.append(f"| {NAMES[c]} | {lr_text(lrs[c])} | {len(v)} | " + " | ".join(
+            texts.get((c, m), "") for m in METRICS) + " |")
+    power_line = "; ".join(f"{METRICS[m][0].split(' (')[0]} {d:.{METRICS[m][1]}f} ({dh:.{METRICS[m][1]}f} at "
+                           f"0.05/{len(rows)})" for m, (n, d, dh) in power.items())
+    n = min(n for n, _, _ in power.values()) if power else 0
+    counts = {(r["profile"]["n_tokens"], r["profile"]["analysis_tokens"]) for r in base}
+    return "\n".join(lines), power_line, n, sorted(apart), len(rows), max(counts)
+
+
+def note(power_line, n, apart, family, missing, tokens):
+    return (
+        "Each cell: the method's value minus the baseline's of the same seed, the mean over the seeds, [its 95% "
+        "interval] and p: for ζ_L the exact sign-flip permutation test (every one of the 2^n sign patterns of the "
+        "differences) and a percentile bootstrap interval (9,999 resamples), for the others the paired t test and its "
+        "t interval (n − 1 degrees of freedom; results/stats.py, scipy.stats). * marks a difference that survives "
+        f"Holm's correction at 0.05 within its column: the family is one metric's {family} comparisons with the "
+        f"baseline. ζ_L, Ψ_L and total Ψ (layers 2..L) are evaluate.py's profile on the first {tokens[0]:,} "
+        f"validation tokens, the loss increase when block L is skipped and the logit lens on its first {tokens[1]:,}. "
+        f"The smallest difference the paired t test detects with 80% power at {n} seeds, from the median over the "
+        f"methods of the sd of their differences, at 0.05 (and at 0.05/{family}, Holm's first step): {power_line}; "
+        "smaller differences may exist unseen, and a cell without * says no difference was detected, not that there "
+        "is none."
+        + (f" Seeds left out for a differing arithmetic: {', '.join(map(str, apart))}." if apart else "")
+        + (f" Not yet run: {missing}." if missing else ""))
+
+
+def own_lrs():
+    chosen = RC.picks(RC.load("sweep"))
+    return {c: chosen[c][0] if c in chosen else RC.STUDY_LR for c in RC.CONDITIONS}, chosen
+
+
+def table():
+    """The main table: every condition of the sweep at its own lr, the baseline at its own."""
+    lrs, chosen = own_lrs()
+    if not all(done for _, done in chosen.values()):
+        return "Not yet: the lr sweep is under way (python results/methods/run_comparison.py sweep)."
+    runs = RC.load("table")
+    out = comparison(runs, [c for c in RC.SWEPT if c != "base"], lrs, lrs["base"], RC.SEEDS, "− baseline, own lr")
+    if out is None:
+        return "No runs yet: python results/methods/run_comparison.py table."
+    text, power_line, n, apart, family, tokens = out
+    missing = sum(RC.name(c, lrs[c], s) not in runs for c in RC.SWEPT for s in RC.SEEDS)
+    return text + "\n\n" + note(power_line, n, apart, family, f"{missing} runs" if missing else "", tokens)
+
+
+def shared():
+    """The second table: every condition, the variants too, at the study's lr."""
+    runs = RC.load("table")
+    lrs = {c: RC.STUDY_LR for c in RC.CONDITIONS}
+    out = comparison(runs, [c for c in RC.CONDITIONS if c != "base"], lrs, RC.STUDY_LR, RC.SEEDS,
+                     f"− baseline, all at lr {lr_text(RC.STUDY_LR)}")
+    if out is None:
+        return "No runs yet: python results/methods/run_comparison.py table."
+    text, power_line, n, apart, family, tokens = out
+    missing = sum(RC.name(c, RC.STUDY_LR, s) not in runs for c in RC.CONDITIONS for s in RC.SEEDS)
+    return text + "\n\n" + note(power_line, n, apart, family, f"{missing} runs" if missing else "", tokens)
+
+
+def deep():
+    """The 16-layer check: the baseline's ζ_L at 8 and 16 layers, and each condition − the baseline at 16."""
+    runs, (lrs, _) = RC.load("deep"), own_lrs()
+    conditions = sorted({r["condition"] for r in runs.values()} - {"base"}, key=list(RC.CONDITIONS).index)
+    out = comparison(runs, conditions, lrs, lrs["base"], RC.DEEP_SEEDS, f"{RC.DEEP_LAYERS} layers, − baseline")
+    if out is None:
+        return f"No runs yet: python results/methods/run_comparison.py deep --deep_methods A,B."
+    text, power_line, n, apart, family, tokens = out
+    return text + "\n\n" + note(power_line, n, apart, family, "", tokens)
+
+
+def steps():
+    """Each condition's training step as a ratio to the baseline's (scripts/bench.py --steps, interleaved rounds)."""
+    if not os.path.exists(STEP_TIME):
+        return "Not measured yet: python -m scripts.bench --steps configs/kjv.py ... --json " \
+               "results/methods/step_time.json."
+    r = json.load(open(STEP_TIME))
+    res, config = r["results"], {os.path.splitext(os.path.basename(p))[0]: p for p in r["results"]["configs"]}
+    of = {v: c for c, v in RC.CONDITIONS.items()}
+    lines = ["| condition | step (ms) | × baseline [quartiles of the rounds' ratios] |", "|---|---|---|"]
+    for name, ms in res["step_ms"].items():
+        q = res["ratio_quartiles"][name]
+        lines.append(f"| {NAMES.get(of.get(config[name]), name)} | {ms:.0f} | {res['ratio'][name]:.3f} "
+                     f"[{q[0]:.3f}, {q[1]:.3f}] |")
+    return "\n".join(lines) + (
+        f"\n\nOne process ({r['machine'].get('cpu', '?')}, {res['threads']} thread, commit {r['git_commit']}): a "
+        f"training step of each config (its model, methods and objective, AdamW; one micro-batch of random tokens at "
+        f"its shape), {res['repeats']} rounds with the configs interleaved, each round's time over the baseline's in "
+        "the same round: the median ratio and its quartiles. A method's cost, apart from the machine's load "
+        "(the runs' own step times record that load: two runs at a time on 2 cores).")
+
+
+BLOCKS = {"comparison-sweep": sweep, "comparison-table": table, "comparison-shared": shared,
+          "comparison-steps": steps, "comparison-deep": deep}
+
+if __name__ == "__main__":
+    for block in BLOCKS.values():
+        print(block(), end="\n\n")

@@ -1,0 +1,85 @@
+"""The methods comparison's runner and tables (results/methods/run_comparison.py, numbers_comparison.py) on synthetic
+runs: the held-out sweep picks each lr and goes beyond an edge, a seed half done on another arithmetic is run again
+whole, and the tables pair by seed, test ζ_L by the exact sign flip, correct by Holm within a column and say what
+the seeds can detect."""
+import json
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(HERE, "results", "methods"))
+sys.path.insert(0, os.path.join(HERE, "results"))
+import numbers_comparison as NC  # noqa: E402
+import run_comparison as RC  # noqa: E402
+
+
+def fake(condition, lr, seed, loss, zeta=1.0, arithmetic="a"):
+    profile = {"loss": loss, "zeta": [0.0, zeta], "psi": [0.1, 0.2, 0.3], "skip_block_loss_increase": [0.1, 0.5],
+               "logit_lens_loss": [5.0, 4.0, 3.0, 2.5, 2.0, 1.5], "n_tokens": 32768, "analysis_tokens": 4096}
+    return {"run": RC.name(condition, lr, seed), "condition": condition, "lr": lr, "seed": seed,
+            "machine": {"arithmetic": arithmetic, "cpu": "x", "commit": "c"},
+            "evals": [{"val_loss": loss}], "profile": profile}
+
+
+def write(tmp_path, part, runs):
+    os.makedirs(tmp_path / part, exist_ok=True)
+    for r in runs:
+        json.dump(r, open(tmp_path / part / f"{r['run']}.json", "w"))
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(RC, "HERE", str(tmp_path))
+    monkeypatch.setattr(RC, "SWEPT", ["base", "lns"])
+    monkeypatch.setattr(RC, "CONDITIONS", {"base": "configs/kjv.py", "lns": "configs/kjv_lns.py",
+                                           "lns_depth_init": "configs/kjv_lns_depth_init.py"})
+    return tmp_path
+
+
+def test_the_sweep_picks_on_the_held_out_seeds_and_goes_beyond_an_edge(folder):
+    lrs = RC.SWEEP_LRS
+    runs = [fake("base", lr, s, loss) for s in RC.SWEEP_SEEDS for lr, loss in zip(lrs, (1.6, 1.5, 1.55))]
+    runs += [fake("lns", lr, s, loss) for s in RC.SWEEP_SEEDS for lr, loss in zip(lrs, (1.7, 1.6, 1.5))]
+    write(folder, "sweep", runs)
+    sweep = RC.load("sweep")
+    assert RC.picks(sweep) == {"base": (lrs[1], True), "lns": (lrs[2], False)}      # LNS's best: the highest
+    grid = RC.sweep_grid(sweep)
+    assert {g for g in grid if g[1] not in lrs} == {("lns", lrs[2] * 2, s, ()) for s in RC.SWEEP_SEEDS}
+    write(folder, "sweep", [fake("lns", lrs[2] * 2, RC.SWEEP_SEEDS[0], 1.45)])      # half run: not yet a pick
+    assert RC.picks(RC.load("sweep"))["lns"] == (lrs[2], False)
+    write(folder, "sweep", [fake("lns", lrs[2] * 2, RC.SWEEP_SEEDS[1], 1.52)])      # mean 1.485: the new best, an edge
+    assert RC.picks(RC.load("sweep"))["lns"] == (lrs[2] * 2, False)
+    assert ("lns", lrs[2] * 4, RC.SWEEP_SEEDS[0], ()) in RC.sweep_grid(RC.load("sweep"))
+    write(folder, "sweep", [fake("lns", lrs[2] * 4, s, 1.6) for s in RC.SWEEP_SEEDS])
+    assert RC.picks(RC.load("sweep"))["lns"] == (lrs[2] * 2, True)                  # inside now: done
+    assert "**1.4850**" in NC.sweep() and "| LayerNorm Scaling |" in NC.sweep()
+
+
+def test_a_seed_half_done_on_another_arithmetic_is_run_again_whole(folder):
+    grid = [(c, 3e-3, s, ()) for s in (1, 2, 3) for c in ("base", "lns")]
+    write(folder, "table", [fake("base", 3e-3, 1, 1.5, arithmetic="other"), fake("lns", 3e-3, 1, 1.5, arithmetic="other"),
+                            fake("base", 3e-3, 2, 1.5, arithmetic="other"), fake("base", 3e-3, 3, 1.5)])
+    pending = RC.todo(grid, "table", {"arithmetic": "a"})
+    assert pending == [("base", 3e-3, 2, ()), ("lns", 3e-3, 2, ()), ("lns", 3e-3, 3, ())]   # seed 1: done, kept
+
+
+def test_the_table_pairs_by_seed_tests_zeta_by_sign_flip_and_corrects_within_a_column(folder, monkeypatch):
+    seeds = list(range(10))
+    monkeypatch.setattr(RC, "SEEDS", seeds)
+    runs = [fake("base", 3e-3, s, 1.5 + 0.01 * s, zeta=3.0 + s % 3) for s in seeds]
+    runs += [fake("lns", 3e-3, s, 1.55 + 0.01 * s + 0.001 * (s % 2), zeta=0.0) for s in seeds]      # ζ_L: 0 everywhere
+    runs += [fake("lns_depth_init", 3e-3, s, 1.5 + 0.01 * s + 0.002 * (s % 3 - 1),
+                  arithmetic="other" if s == 9 else "a") for s in seeds]
+    write(folder, "table", runs)
+    text = NC.shared()
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    # ζ_L: every one of the 10 differences negative: the sign flip's p is 2 / 2^10 exactly
+    assert "p=0.002*" in rows["LayerNorm Scaling"].split(" | ")[4]
+    assert rows["LNS, depth-scaled init"].split(" | ")[2] == "9"                   # seed 9: another arithmetic, left out
+    assert "Seeds left out for a differing arithmetic: 9." in text
+    assert "the family is one metric's 2 comparisons" in text and "80% power at 9 seeds" in text
+    assert ("on the first 32,768 validation tokens, the loss increase when block L is skipped and the logit lens on "
+            "its first 4,096") in text
+    assert "+0.0505 [" in rows["LayerNorm Scaling"]                              # val loss: +0.05 + 0.0005 on average
