@@ -35,7 +35,7 @@ side of it) are accepted. Any other argument is one `error:` line and exit statu
 Each block is a function of the module for its page, which reads the committed files and says how:
 numbers_reproduction.py (the seed study, the 600-step runs, other CPUs, the quick start), numbers_finetuning.py,
 numbers_retrofit.py, numbers_layers.py (layer analyses and task scores), numbers_speed.py (results/speed/) and
-methods/numbers_methods.py (the comparison of docs/methods.md).
+methods/numbers_methods.py and methods/numbers_comparison.py (the comparisons of docs/methods.md).
 """
 import ast
 import glob
@@ -52,10 +52,12 @@ import numbers_retrofit
 import numbers_speed
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "methods"))
+import numbers_comparison  # noqa: E402
 import numbers_methods  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PAGES = (numbers_reproduction, numbers_finetuning, numbers_retrofit, numbers_layers, numbers_speed, numbers_methods)
+PAGES = (numbers_reproduction, numbers_finetuning, numbers_retrofit, numbers_layers, numbers_speed, numbers_methods,
+         numbers_comparison)
 MARKER = re.compile(r"(<!-- results/collect\.py: ([\w-]+) -->\n)((?:(?!<!-- )[\s\S])*?)(\n?<!-- end -->)")
 
 
@@ -85,8 +87,9 @@ PLACES = {
     "docs/finetuning.md": ("packing-effect", "kjv-size", "sft-table", "sft-skip-finding", "sft-finding", "kjv-size"),
     "docs/layers.md": ("smollm2-profile-finding", "smollm2-early-exit", "smollm2-exit-finding", "kjv-exit-finding",
                        "kjv-tasks", "kjv-boolq", "kjv-lens", "kjv-lens-finding", "survey-table", "survey-finding"),
-    "docs/methods.md": ("methods-finding", "methods-table", "methods-backout-readout", "methods-lr-finding", "methods-lr",
-                        "methods-lr-seeds"),
+    "docs/methods.md": ("comparison-sweep", "comparison-table", "comparison-shared", "comparison-steps",
+                        "comparison-deep", "methods-finding", "methods-table", "methods-backout-readout",
+                        "methods-lr-finding", "methods-lr", "methods-lr-seeds"),
     "docs/reproduction.md": ("quickstart-time", "kjv-seeds", "kjv-paired", "kjv-finding", "kjv-alpha3", "kjv-runs",
                              "kjv-layers", "kjv-layers-finding", "cpu-loss", "cpu-profile", "cpu-finding",
                              "kjv-corpus", "kjv-params", "kjv600-runs", "kjv600-layers", "kjv600-finding", "kjv-size"),
@@ -100,6 +103,7 @@ PLACES = {
 
 # numbers in prose that are neither results nor settings: each phrase as the pages write it
 FACTS = ("arXiv 2601.18302", "[2601.18302", "DOI 10.18653", "Python 3.10+", "a line every 30 s",
+         "arXiv 2502.05795", "arXiv 2412.13795", "arXiv 2502.02732", "arXiv 2404.16710",   # the methods' papers
          "the baseline's ζ_L = 5.14 after fine-tuning",          # the paper's own number, quoted
          "a wheel of 86 MB",                                      # a package's download (pip download)
          "17,671 whole ones", "196,794 characters of KJV Genesis")  # inputs: ShareGPT's whole records, Genesis's text

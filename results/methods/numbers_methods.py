@@ -91,7 +91,7 @@ def finding():
     zero = [c for c in CONDITIONS if by[c] and all(round(zeta(r), 2) == 0 for r in by[c].values())]
     d = differences(by, loss)
     worse = [c for c in d if d[c][2] < 0.05 and d[c][0][0] > 0]
-    better = [c for c in d if d[c][0][0] < 0 and d[c][0][2] < 0]
+    better = [c for c in d if d[c][2] < 0.05 and d[c][0][0] < 0]      # a gain or a cost: only where it survives Holm
     named = lambda cs: ", ".join(CONDITIONS[c] for c in cs) or "none"                  # noqa: E731
     cell = lambda c, note="": (                                                        # noqa: E731
         f"{CONDITIONS[c]} {repro.interval(d[c][0], 4)} ({repro.p_text(d[c][1])}{note})")
@@ -106,10 +106,11 @@ def finding():
                f"{min(dz[c][1] for c in dz):.3f})" if len(held) == len(dz) else "") + ". "
             f"In validation loss {named(worse)} cost more than the noise after Holm's correction ("
             + "; ".join(cell(c) for c in worse) + "), "
-            + ("; ".join(cell(c, "" if d[c][2] < 0.05 else ", not surviving Holm's correction") for c in better)
-               + (" gains" if len(better) == 1 else " gain") if better else "no method gains")
-            + ", and " + "; ".join(cell(c) for c in d if c not in worse and c not in better)
-            + " differs by less than the seeds can tell.")
+            + ("; ".join(cell(c) for c in better) + (" gains" if len(better) == 1 else " gain") if better
+               else "no method gains after it")
+            + ", and no difference is detected for " + "; ".join(
+                cell(c, ", not surviving Holm's correction" if d[c][1] < 0.05 else "")
+                for c in d if c not in worse and c not in better) + ".")
 
 
 def comparison():
