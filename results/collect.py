@@ -80,7 +80,7 @@ def rewrite(text, generated, path, stale):
 # where each block stands: a block deleted from (or added to) a page, or moved, fails the check
 PLACES = {
     "README.md": ("kjv-setup", "kjv-seeds", "kjv-finding", "kjv-alpha3", "sft-readme", "retrofit-finding",
-                  "smollm2-finding", "methods-finding", "methods-lr-summary", "kjv-scale", "determinism",
+                  "smollm2-finding", "comparison-readme", "kjv-scale", "determinism",
                   "param-counts", "readme-estimate"),
     "docs/data.md": ("kjv-data", "tokenize-speed"),
     "docs/evaluation.md": ("smollm2-load", "chat-profile-tokens", "smollm2-tasks"),

@@ -158,11 +158,11 @@ def test_an_unknown_argument_is_refused_and_nothing_is_written(argv, tmp_path, m
 
 
 def test_intervals_by_hand():
-    """mean ± sd with n − 1; the 95% t interval with t(0.975, n − 1): 2.776 for 5 values."""
+    """mean ± sd with n − 1; the 95% t interval with t(0.975, n − 1): 2.7764451 for 5 values (scipy, not a table)."""
     mean, sd = repro.mean_sd([1.0, 2.0, 3.0, 4.0, 5.0])
     assert mean == 3.0 and sd == pytest.approx(1.5811388, abs=1e-7)
     m, low, high = repro.t_interval([1.0, 2.0, 3.0, 4.0, 5.0])
-    assert (low, high) == pytest.approx((3 - 2.776 * 1.5811388 / 5 ** 0.5, 3 + 2.776 * 1.5811388 / 5 ** 0.5))
+    assert (low, high) == pytest.approx((3 - 2.7764451 * 1.5811388 / 5 ** 0.5, 3 + 2.7764451 * 1.5811388 / 5 ** 0.5))
     assert repro.t_interval([-0.02, 0.01, -0.01, 0.0, 0.005])[1] < 0 < repro.t_interval([-0.02, 0.01])[2]
 
 

@@ -240,7 +240,35 @@ def steps():
         "(the runs' own step times record that load: two runs at a time on 2 cores).")
 
 
-BLOCKS = {"comparison-sweep": sweep, "comparison-table": table, "comparison-shared": shared,
+def readme():
+    """The README's two sentences: what the comparison says so far, from the main table when it is complete, else from
+    the first comparison (numbers_methods), and what is under way."""
+    lrs, chosen = own_lrs()
+    runs = RC.load("table")
+    done = all(ok for _, ok in chosen.values()) and all(RC.name(c, lrs[c], s) in runs for c in RC.SWEPT
+                                                        for s in RC.SEEDS)
+    if done:
+        return finding()
+    import numbers_methods as first
+    by, _ = first.runs()
+    zeta, loss = first.METRICS["zeta_L"][2], first.METRICS["val_loss"][2]
+    zero = [c for c in first.CONDITIONS if by[c] and all(round(zeta(r), 2) == 0 for r in by[c].values())]
+    d = first.differences(by, loss)
+    worse = [first.CONDITIONS[c] for c in d if d[c][2] < 0.05 and d[c][0][0] > 0]
+    better = [first.CONDITIONS[c] for c in d if d[c][2] < 0.05 and d[c][0][0] < 0]
+    return (f"In a first comparison ({len(by['base'])} seeds, every method at one lr, today's variants) only "
+            f"{' and '.join(first.CONDITIONS[c] for c in zero) or 'no method'} ends with ζ_L = 0.00 in every seed, and "
+            f"in validation loss {', '.join(worse) or 'no method'} cost more than the noise after Holm's correction "
+            f"while {', '.join(better) or 'none'} gains. The full comparison (each method as its authors run it, its lr "
+            f"chosen on held-out seeds, {len(RC.SEEDS)} seeds) is under way.")
+
+
+def finding():
+    """What the main table says, in two sentences (written when it is complete)."""
+    return table()
+
+
+BLOCKS = {"comparison-readme": readme, "comparison-sweep": sweep, "comparison-table": table, "comparison-shared": shared,
           "comparison-steps": steps, "comparison-deep": deep}
 
 if __name__ == "__main__":

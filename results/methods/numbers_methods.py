@@ -341,25 +341,6 @@ def lr_finding():
                       f"({repro.p_text(cells['zeta_L'][1])})." for (c, lr), (seeds, cells) in seeded().items()))
 
 
-def lr_summary():
-    """The learning-rate check in one sentence for the README: each method run over seeds at its own lr against the
-    baseline at its own, and the methods that still cost over 0.05 in validation loss at their best lr (seed 1337)."""
-    by = lr_seed1337()
-    if "base" not in by:
-        return "No learning-rate check yet: python results/methods/run_methods.py --lr_check."
-    loss, lrs = METRICS["val_loss"][2], sorted({lr for v in by.values() for lr in v})
-    base_lr = min(by["base"], key=lambda lr: loss(by["base"][lr]))
-    still = {c: min(loss(r) for r in v.values()) - loss(by["base"][base_lr]) for c, v in by.items() if c != "base"}
-    pairs = [f"{CONDITIONS[c]} at {lr_text(lr)} {repro.interval(cells['val_loss'][0], 4)} "
-             f"({repro.p_text(cells['val_loss'][1])})" for (c, lr), (_, cells) in seeded().items()]
-    return (f"At its own best learning rate (a check from {lr_text(lrs[0])} to {lr_text(lrs[-1])}, the study's being "
-            f"{lr_text(STUDY_LR)}" + (", where the baseline does best" if base_lr == STUDY_LR else
-                                      f"; the baseline does best at {lr_text(base_lr)}")
-            + f"), validation loss − the baseline's at {lr_text(STUDY_LR)} over seeds: "
-            + ("; ".join(pairs) or "none run yet") + "; "
-            + (", ".join(f"{CONDITIONS[c]} ({d:+.2f})" for c, d in still.items() if d > 0.05) or "no method")
-            + " still costs more than 0.05 at its best lr in one seed.")
-
 
 def backout_readout():
     """What the old readout did to Backout's columns, measured: a rerun of its seed 1337 profiled both ways
@@ -388,7 +369,7 @@ def backout_readout():
 
 BLOCKS = {"methods-table": comparison, "methods-backout-readout": backout_readout, "methods-finding": finding,
           "methods-lr": lr_check,
-          "methods-lr-finding": lr_finding, "methods-lr-seeds": lr_seeds, "methods-lr-summary": lr_summary}
+          "methods-lr-finding": lr_finding, "methods-lr-seeds": lr_seeds}
 
 if __name__ == "__main__":
     print(comparison())
