@@ -87,7 +87,7 @@ PLACES = {
     "docs/finetuning.md": ("packing-effect", "kjv-size", "sft-table", "sft-skip-finding", "sft-finding", "kjv-size"),
     "docs/layers.md": ("smollm2-profile-finding", "smollm2-early-exit", "smollm2-exit-finding", "kjv-exit-finding",
                        "kjv-tasks", "kjv-boolq", "kjv-lens", "kjv-lens-finding", "survey-table", "survey-finding"),
-    "docs/methods.md": ("comparison-sweep", "comparison-table", "comparison-shared", "comparison-steps",
+    "docs/methods.md": ("comparison-sweep", "comparison-finding", "comparison-table", "comparison-shared", "comparison-steps",
                         "comparison-deep", "methods-finding", "methods-table", "methods-backout-readout",
                         "methods-lr-finding", "methods-lr", "methods-lr-seeds"),
     "docs/reproduction.md": ("quickstart-time", "kjv-seeds", "kjv-paired", "kjv-finding", "kjv-alpha3", "kjv-runs",

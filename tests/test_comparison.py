@@ -59,8 +59,9 @@ def test_the_sweep_picks_on_the_held_out_seeds_and_goes_beyond_an_edge(folder):
 
 def test_a_seed_half_done_on_another_arithmetic_is_run_again_whole(folder):
     grid = [(c, 3e-3, s, ()) for s in (1, 2, 3) for c in ("base", "lns")]
-    write(folder, "table", [fake("base", 3e-3, 1, 1.5, arithmetic="other"), fake("lns", 3e-3, 1, 1.5, arithmetic="other"),
-                            fake("base", 3e-3, 2, 1.5, arithmetic="other"), fake("base", 3e-3, 3, 1.5)])
+    other = dict(arithmetic="other")
+    write(folder, "table", [fake("base", 3e-3, 1, 1.5, **other), fake("lns", 3e-3, 1, 1.5, **other),
+                            fake("base", 3e-3, 2, 1.5, **other), fake("base", 3e-3, 3, 1.5)])
     pending = RC.todo(grid, "table", {"arithmetic": "a"})
     assert pending == [("base", 3e-3, 2, ()), ("lns", 3e-3, 2, ()), ("lns", 3e-3, 3, ())]   # seed 1: done, kept
 
@@ -77,9 +78,31 @@ def test_the_table_pairs_by_seed_tests_zeta_by_sign_flip_and_corrects_within_a_c
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
     # ζ_L: every one of the 10 differences negative: the sign flip's p is 2 / 2^10 exactly
     assert "p=0.002*" in rows["LayerNorm Scaling"].split(" | ")[4]
-    assert rows["LNS, depth-scaled init"].split(" | ")[2] == "9"                   # seed 9: another arithmetic, left out
+    assert rows["LNS, depth-scaled init"].split(" | ")[2] == "9"                 # seed 9: another arithmetic, left out
     assert "Seeds left out for a differing arithmetic: 9." in text
     assert "the family is one metric's 2 comparisons" in text and "80% power at 9 seeds" in text
     assert ("on the first 32,768 validation tokens, the loss increase when block L is skipped and the logit lens on "
             "its first 4,096") in text
     assert "+0.0505 [" in rows["LayerNorm Scaling"]                              # val loss: +0.05 + 0.0005 on average
+
+
+def test_the_finding_names_a_cost_or_gain_only_where_it_survives_holm(folder, monkeypatch):
+    """Three methods at the study's lr against the baseline over 10 seeds: one costs 0.05 in every seed (survives),
+    one gains by noise around 0 (p > 0.05: no difference detected), one ends at ζ_L = 0 in every seed."""
+    seeds = list(range(10))
+    monkeypatch.setattr(RC, "SEEDS", seeds)
+    monkeypatch.setattr(RC, "SWEPT", ["base", "lns", "mixln", "jreg_a1"])
+    monkeypatch.setattr(RC, "CONDITIONS", {c: f"configs/{c}.py" for c in RC.SWEPT})
+    lrs = RC.SWEEP_LRS
+    write(folder, "sweep", [fake(c, lr, s, loss) for s in RC.SWEEP_SEEDS for c in RC.SWEPT
+                            for lr, loss in zip(lrs, (1.6, 1.5, 1.55))])                    # every pick: 3e-3
+    noise = [0.004, -0.006, 0.002, -0.003, 0.001, -0.004, 0.003, -0.002, 0.005, -0.003]
+    write(folder, "table", [fake("base", 3e-3, s, 1.5 + 0.01 * s, zeta=3.0) for s in seeds]
+          + [fake("lns", 3e-3, s, 1.55 + 0.01 * s + 0.001 * (s % 3)) for s in seeds]
+          + [fake("mixln", 3e-3, s, 1.5 + 0.01 * s + noise[s]) for s in seeds]
+          + [fake("jreg_a1", 3e-3, s, 1.5 + 0.01 * s + noise[::-1][s], zeta=0.0) for s in seeds])
+    text = NC.finding()
+    assert text.startswith("Over 10 seeds") and "JREG α = 1 ends with ζ_L = 0.00 in every seed" in text
+    assert "for JREG α = 1 after Holm" not in text and "sign-flip test) for LayerNorm Scaling, Mix-LN, JREG α = 1" in text
+    assert "LayerNorm Scaling costs more than the baseline after the correction (LayerNorm Scaling +0.0509" in text
+    assert "none gain, and no difference is detected for Mix-LN -0.0003 [" in text

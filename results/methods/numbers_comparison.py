@@ -216,7 +216,16 @@ def deep():
     if out is None:
         return f"No runs yet: python results/methods/run_comparison.py deep --deep_methods A,B."
     text, power_line, n, apart, family, tokens = out
-    return text + "\n\n" + note(power_line, n, apart, family, "", tokens)
+    table_runs = RC.load("table")
+    eight = [table_runs[RC.name("base", lrs["base"], s)]["profile"]["zeta"][-1] for s in RC.DEEP_SEEDS
+             if RC.name("base", lrs["base"], s) in table_runs]
+    deep_base = [r["profile"]["zeta"][-1] for r in runs.values() if r["condition"] == "base"]
+    return text + "\n\n" + (
+        f"At {RC.DEEP_LAYERS} layers (the same width, data and steps), each condition at its 8-layer lr (the held-out "
+        "sweep's pick; not chosen again at this depth), Backout's k kept at 3L/4. The baseline's ζ_L: "
+        f"{S.mean_sd(deep_base)[0]:.2f} at {RC.DEEP_LAYERS} layers over {len(deep_base)} seeds"
+        + (f", {S.mean_sd(eight)[0]:.2f} at 8 layers over the same seeds" if eight else "") + ". "
+        + note(power_line, n, apart, family, "", tokens))
 
 
 def steps():
@@ -259,17 +268,46 @@ def readme():
     return (f"In a first comparison ({len(by['base'])} seeds, every method at one lr, today's variants) only "
             f"{' and '.join(first.CONDITIONS[c] for c in zero) or 'no method'} ends with ζ_L = 0.00 in every seed, and "
             f"in validation loss {', '.join(worse) or 'no method'} cost more than the noise after Holm's correction "
-            f"while {', '.join(better) or 'none'} gains. The full comparison (each method as its authors run it, its lr "
-            f"chosen on held-out seeds, {len(RC.SEEDS)} seeds) is under way.")
+            f"while {', '.join(better) or 'none'} gains. The full comparison (each method as its authors run it, its "
+            f"lr chosen on held-out seeds, {len(RC.SEEDS)} seeds) is under way.")
 
 
 def finding():
-    """What the main table says, in two sentences (written when it is complete)."""
-    return table()
+    """What the main table says, in two sentences from its runs: ζ_L (which methods end at 0.00 in every seed, whose
+    difference from the baseline survives Holm's correction by the exact sign-flip test) and validation loss (a cost
+    or a gain named only where it survives the correction; otherwise no difference detected, with the interval)."""
+    lrs, chosen = own_lrs()
+    if not all(done for _, done in chosen.values()):
+        return "Not yet: the lr sweep is under way (python results/methods/run_comparison.py sweep)."
+    runs = RC.load("table")
+    rows = {c: pairs(runs, c, "base", lrs[c], lrs["base"], RC.SEEDS)[0] for c in RC.SWEPT if c != "base"}
+    rows = {c: v for c, v in rows.items() if len(v) > 1}
+    if not rows:
+        return "No runs yet: python results/methods/run_comparison.py table."
+    diff = lambda c, m: [METRICS[m][2](a["profile"]) - METRICS[m][2](b["profile"]) for a, b in rows[c].values()]  # noqa
+    zp = {c: S.sign_flip_p(diff(c, "zeta_L")) for c in rows}
+    zeta_held = [c for c, a in zip(zp, S.holm(list(zp.values()))) if a < 0.05]
+    lt = {c: (S.t_interval(diff(c, "val_loss")), S.t_p(diff(c, "val_loss"))) for c in rows}
+    held = {c: a < 0.05 for c, a in zip(lt, S.holm([p for _, p in lt.values()]))}
+    zero = [c for c in rows if all(round(a["profile"]["zeta"][-1], 2) == 0 for a, _ in rows[c].values())]
+    named = lambda cs: ", ".join(NAMES[c] for c in cs) or "none"                          # noqa: E731
+    cell = lambda c: f"{NAMES[c]} {interval(lt[c][0], 4)} ({p_text(lt[c][1])})"         # noqa: E731
+    worse = [c for c in rows if held[c] and lt[c][0][0] > 0]
+    better = [c for c in rows if held[c] and lt[c][0][0] < 0]
+    n = min(len(v) for v in rows.values())
+    return (f"Over {n} seeds, every method at its own lr (chosen on held-out seeds): {named(zero)} "
+            f"{'ends' if len(zero) == 1 else 'end'} with ζ_L = 0.00 in every seed, and ζ_L differs from the "
+            f"baseline's after Holm's correction (the exact sign-flip test) for {named(zeta_held)}. In validation "
+            f"loss, {named(worse)} {'costs' if len(worse) == 1 else 'cost'} more than the baseline after the correction"
+            + (f" ({'; '.join(cell(c) for c in worse)})" if worse else "")
+            + f", {named(better)} {'gains' if len(better) == 1 else 'gain'}"
+            + (f" ({'; '.join(cell(c) for c in better)})" if better else "")
+            + ", and no difference is detected for "
+            + "; ".join(cell(c) for c in rows if c not in worse and c not in better) + ".")
 
 
-BLOCKS = {"comparison-readme": readme, "comparison-sweep": sweep, "comparison-table": table, "comparison-shared": shared,
-          "comparison-steps": steps, "comparison-deep": deep}
+BLOCKS = {"comparison-readme": readme, "comparison-sweep": sweep, "comparison-finding": finding,
+          "comparison-table": table, "comparison-shared": shared, "comparison-steps": steps, "comparison-deep": deep}
 
 if __name__ == "__main__":
     for block in BLOCKS.values():

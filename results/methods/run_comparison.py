@@ -45,6 +45,7 @@ SWEEP_LRS = [STUDY_LR / 2, STUDY_LR, STUDY_LR * 2]
 SWEEP_SEEDS = [1001, 1002]                                     # held out: no table uses them
 SEEDS = [1337, 1, 2, 3, 4, 5, 6, 7, 8, 9]
 DEEP, DEEP_LAYERS, DEEP_SEEDS = ["base", "jreg_a1"], 16, SEEDS[:5]   # + the two methods nearest JREG (--deep_methods)
+DEEP_SETTINGS = {"backout": ("--backout_layer=12",), "backout_half": ("--backout_layer=8",)}   # k kept at 3L/4, L/2
 
 
 def name(condition, lr, seed):
@@ -164,7 +165,7 @@ def main():
     print(f"on {where['cpu']}, torch {where['torch']}, commit {where['commit']}, arithmetic {where['arithmetic']}",
           flush=True)
     if args.part == "sweep":
-        while todo(sweep_grid(load("sweep")), "sweep", where):    # the grid, then further lrs while a best is at an edge
+        while todo(sweep_grid(load("sweep")), "sweep", where):    # the grid, then further lrs while a best is at edge
             go(sweep_grid(load("sweep")), "sweep", where, args.out, args.jobs)
         for c, (best, ok) in picks(load("sweep")).items():
             print(f"{c}: lr {best:g}" + ("" if ok else " (at an edge)"))
@@ -181,7 +182,8 @@ def main():
         methods = [m for m in args.deep_methods.split(",") if m]
         if len(methods) != 2 or not set(methods) <= set(SWEPT):
             raise SystemExit(f"error: --deep_methods names two of {', '.join(SWEPT)}")
-        grid = [(c, chosen[c][0], s, (f"--n_layer={DEEP_LAYERS}",)) for s in DEEP_SEEDS for c in DEEP + methods]
+        grid = [(c, chosen[c][0], s, (f"--n_layer={DEEP_LAYERS}", *DEEP_SETTINGS.get(c, ())))
+                for s in DEEP_SEEDS for c in DEEP + methods]
         go(grid, "deep", where, args.out, args.jobs)
 
 
