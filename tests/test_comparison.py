@@ -106,3 +106,11 @@ def test_the_finding_names_a_cost_or_gain_only_where_it_survives_holm(folder, mo
     assert "for JREG α = 1 after Holm" not in text and "sign-flip test) for LayerNorm Scaling, Mix-LN, JREG α = 1" in text
     assert "LayerNorm Scaling costs more than the baseline after the correction (LayerNorm Scaling +0.0509" in text
     assert "none gain, and no difference is detected for Mix-LN -0.0003 [" in text
+
+
+def test_the_deep_check_runs_the_two_methods_whose_zeta_is_nearest_jregs(folder, monkeypatch):
+    monkeypatch.setattr(RC, "SWEPT", ["base", "jreg_a1", "lns", "mixln", "periln", "jreg_lns"])
+    lrs = {c: 3e-3 for c in RC.SWEPT}
+    zetas = {"base": 3.0, "jreg_a1": 0.0, "lns": 0.5, "mixln": 2.9, "periln": 0.2, "jreg_lns": 0.0}
+    write(folder, "table", [fake(c, 3e-3, s, 1.5, zeta=z) for c, z in zetas.items() for s in RC.SEEDS])
+    assert RC.nearest(RC.load("table"), lrs) == ["periln", "lns"]

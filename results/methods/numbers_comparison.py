@@ -214,7 +214,7 @@ def deep():
     conditions = sorted({r["condition"] for r in runs.values()} - {"base"}, key=list(RC.CONDITIONS).index)
     out = comparison(runs, conditions, lrs, lrs["base"], RC.DEEP_SEEDS, f"{RC.DEEP_LAYERS} layers, − baseline")
     if out is None:
-        return f"No runs yet: python results/methods/run_comparison.py deep --deep_methods A,B."
+        return "No runs yet: python results/methods/run_comparison.py deep."
     text, power_line, n, apart, family, tokens = out
     table_runs = RC.load("table")
     eight = [table_runs[RC.name("base", lrs["base"], s)]["profile"]["zeta"][-1] for s in RC.DEEP_SEEDS

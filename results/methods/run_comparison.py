@@ -4,12 +4,13 @@ The comparison of JREG with the other fixes for the last layers (docs/methods.md
 
     python results/methods/run_comparison.py sweep     # each condition's lr, chosen on held-out seeds
     python results/methods/run_comparison.py table     # the tables' seeds, each condition at its own lr and at 3e-3
-    python results/methods/run_comparison.py deep      # 16 layers: the baseline, JREG and the two nearest methods
+    python results/methods/run_comparison.py deep      # 16 layers: the baseline, JREG and the two methods nearest it
 
 sweep: every condition of SWEPT at ½×, 1× and 2× the study's lr on SWEEP_SEEDS, seeds that no table uses; where the
 best (the mean final val loss of the two) lies at an edge, one more lr beyond it, until it lies inside. table: each
 condition at its own lr (the sweep's pick) and at the study's, on SEEDS (a run at the pick that is the study's lr is
-one run). deep: DEEP at n_layer = 16, own lrs, the first five SEEDS. Runs go seed by seed (a seed's conditions
+one run). deep: DEEP and the two methods whose mean ζ_L in the main table is nearest JREG's (nearest()), at
+n_layer = 16, their 8-layer lrs, the first five SEEDS. Runs go seed by seed (a seed's conditions
 together), two at a time, one thread each; each is train.py then evaluate.py --profile (study_runs.py), written to
 results/methods/<part>/CONDITION_lrLR_seedN.json with the machine: its CPU, torch, commit and `arithmetic`, the
 losses of a fixed 2-step run (so the comparison pairs only runs computed with one arithmetic). A rerun goes on where it
@@ -130,6 +131,16 @@ def sweep_grid(sweep):
     return list(dict.fromkeys(grid))
 
 
+def nearest(table, lrs, k=2):
+    """The k methods of SWEPT (not the baseline, JREG or a combination with it) whose mean ζ_L over the seeds of the
+    main table (each at its own lr, lrs) is nearest JREG's: the ones the 16-layer check runs beside it."""
+    def zeta(c):
+        runs = [table[name(c, lrs[c], s)] for s in SEEDS if name(c, lrs[c], s) in table]
+        return sum(r["profile"]["zeta"][-1] for r in runs) / len(runs) if runs else float("inf")
+    methods = [c for c in SWEPT if c != "base" and not c.startswith("jreg")]
+    return sorted(methods, key=lambda c: abs(zeta(c) - zeta("jreg_a1")))[:k]
+
+
 def todo(grid, part, where):
     """The runs of grid [(condition, lr, seed, settings)] still to run here: those without a result, and every run of
     a seed whose runs are not all done and not all of this machine's arithmetic (that seed is run again whole)."""
@@ -159,7 +170,8 @@ def main():
     p.add_argument("part", choices=["sweep", "table", "deep"])
     p.add_argument("--out", default="out/comparison", help="the run folders")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
-    p.add_argument("--deep_methods", default="", help="deep: the two methods nearest JREG, e.g. lns,periln")
+    p.add_argument("--deep_methods", default="", help="deep: two methods (default: the two whose mean ζ_L in the main "
+                   "table is nearest JREG's)")
     args = p.parse_args()
     where = machine()
     print(f"on {where['cpu']}, torch {where['torch']}, commit {where['commit']}, arithmetic {where['arithmetic']}",
@@ -179,9 +191,11 @@ def main():
                 for lr in dict.fromkeys([chosen[c][0], STUDY_LR] if c in chosen else [STUDY_LR])]
         go(grid, "table", where, args.out, args.jobs)
     else:
-        methods = [m for m in args.deep_methods.split(",") if m]
+        lrs = {c: lr for c, (lr, _) in chosen.items()}
+        methods = [m for m in args.deep_methods.split(",") if m] or nearest(load("table"), lrs)
         if len(methods) != 2 or not set(methods) <= set(SWEPT):
             raise SystemExit(f"error: --deep_methods names two of {', '.join(SWEPT)}")
+        print(f"deep: {', '.join(DEEP + methods)} at {DEEP_LAYERS} layers", flush=True)
         grid = [(c, chosen[c][0], s, (f"--n_layer={DEEP_LAYERS}", *DEEP_SETTINGS.get(c, ())))
                 for s in DEEP_SEEDS for c in DEEP + methods]
         go(grid, "deep", where, args.out, args.jobs)
