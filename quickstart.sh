@@ -52,8 +52,8 @@ print(f"The committed rows were made by older code than yours, so yours differ b
       f"two together moved these by up to {loss:.4f} in loss, {psi:.4f} in Ψ and {zeta:.2f} in ζ in the runs measured "
       f"({len(same) + len(later)} runs of 600 steps, docs/reproduction.md); another seed moves them more. The effect "
       "to see: the baseline's ζ_L well above 0, JREG's 0.")
-print("JREG beside five other fixes for the last layers (LayerNorm Scaling, Mix-LN, Peri-LN, an early-exit loss, "
-      "Backout), the same runs over 5 seeds: docs/methods.md")
+print("JREG beside five other fixes for the last layers (LayerNorm Scaling, Mix-LN, Peri-LN, LayerSkip's early-exit "
+      "loss, Backout), each as its authors run it, on this budget: docs/methods.md")
 PY
 echo "plots: $OUT/*.png   numbers: $OUT/profile.json   training logs: $OUT/{base,jreg}/log.jsonl"
 if [[ $PY == "$PWD/.venv/bin/python" ]]; then
