@@ -155,3 +155,18 @@ def test_the_memory_estimate_counts_muons_one_buffer():
     mcfg = model.config
     assert estimate(mcfg, 4, 64, "fp32", optimizer="muon")["optimizer"] == state
     assert estimate(mcfg, 4, 64, "fp32")["optimizer"] == 8 * model.num_params()
+
+
+def test_a_nonfinite_step_under_muon_is_skipped_and_changes_nothing(data_dir, tmp_path, monkeypatch):
+    """Bad-step skipping does not ask which optimizer runs: a NaN loss at step 3 leaves every weight and Muon's
+    momentum as they were after step 2."""
+    from test_train import nan_from_call
+    args = ["--max_steps=2", "--eval_interval=0", "--ckpt_interval=1", "--optimizer=muon"]
+    run(data_dir, tmp_path, *args)
+    before = torch.load(tmp_path / "ckpt_0000002.pt", weights_only=True)
+    nan_from_call(monkeypatch, 1, 2)                                     # step 3's two micro-batches
+    steps, _ = run(data_dir, tmp_path, "--max_steps=3", "--eval_interval=0", "--ckpt_interval=1", "--optimizer=muon")
+    after = torch.load(tmp_path / "ckpt_0000003.pt", weights_only=True)
+    assert all(torch.equal(before["model"][k], after["model"][k]) for k in before["model"])
+    for name, state in before["optimizer"]["state"].items():
+        assert all(torch.equal(v, after["optimizer"]["state"][name][k]) for k, v in state.items() if torch.is_tensor(v))
