@@ -56,13 +56,18 @@ class Config:
     seq_len: int = 2048             # tokens per training sequence
     # optimiser and schedule
     max_steps: int = 200000         # optimizer steps
-    lr: float = 6e-4                # peak learning rate (AdamW)
+    optimizer: str = "adamw"        # adamw | muon: torch.optim.Muon for the blocks' 2-D matrices (attention and MLP
+                                    # projections), AdamW for the embedding, the head, the norms and any scalar
+    lr: float = 6e-4                # peak learning rate (AdamW; with Muon, its too: muon_adjust_lr)
     min_lr_ratio: float = 0.1       # cosine decays to lr · min_lr_ratio
     warmup_steps: int = 2000        # linear warm-up, then cosine decay
     weight_decay: float = 0.1       # on ≥ 2-D weights (an untied head too), never on norms
     decay_embeddings: bool = False  # False: none on the token embedding (tied: the shared matrix); True: it decays
     beta1: float = 0.9              # AdamW β1
     beta2: float = 0.95             # AdamW β2
+    muon_momentum: float = 0.95     # Muon's momentum (Nesterov), its one buffer per matrix
+    muon_adjust_lr: str = "match_rms_adamw"   # Muon's adjust_lr_fn: match_rms_adamw (Moonlight's: lr · 0.2·√max(A, B),
+                                    # so that one lr and weight decay serve both) | original (Keller Jordan's √max(1, A/B))
     grad_clip: float = 1.0          # 0: no clipping
     max_bad_steps: int = 5          # non-finite steps in a row skipped (nothing applied); one more stops the run
     # JREG
@@ -223,6 +228,13 @@ def check_config(cfg):
     need(cfg.model in PRESETS, "model", f"choose one of {sorted(PRESETS)}")
     need(cfg.jreg_weighting in WEIGHTINGS, "jreg_weighting", f"choose one of {WEIGHTINGS}")
     need(cfg.early_exit_scale in EARLY_EXIT_SCALES, "early_exit_scale", f"choose one of {EARLY_EXIT_SCALES}")
+    need(cfg.optimizer in ("adamw", "muon"), "optimizer", "choose adamw or muon")
+    need(cfg.optimizer != "muon" or hasattr(torch.optim, "Muon"), "optimizer", "muon is torch.optim.Muon, which "
+         f"torch 2.9 added; this torch is {torch.__version__}: pip install 'torch>=2.9'")
+    need(cfg.optimizer != "muon" or not cfg.fsdp, "optimizer", "muon under FSDP is not supported here (its "
+         "Newton-Schulz step needs each whole matrix, FSDP holds a shard): use DDP (fsdp=False)")
+    need(cfg.muon_adjust_lr in ("match_rms_adamw", "original"), "muon_adjust_lr", "choose match_rms_adamw or original")
+    need(0 <= cfg.muon_momentum < 1, "muon_momentum", "must be in [0, 1)")
     for key, default in (("early_exit_scale", "uniform"), ("early_exit_every", 0)):
         need(cfg.early_exit or getattr(cfg, key) == default, key, "shapes the early-exit loss, which is off: set "
              "early_exit > 0 too")

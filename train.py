@@ -7,8 +7,9 @@ Pre-train a Llama with or without JREG: loss = CE + λ · Σ_l w_l Ψ_l.
 
 Every setting and its default is in config.Config; a config file is Python (trusted input) assigning some of them.
 A step reads this file (the loop, the loss CE + λ · penalty and its log), model.py (the forward), loss.py (the
-chunked cross-entropy) and jreg.py (Ψ and the penalty); parallel.py spreads it over processes and devices,
-data.py feeds it, checkpoint.py and runs.py keep the run folder (docs/ablations.md, "Where things are").
+chunked cross-entropy), jreg.py (Ψ and the penalty) and optimizers.py (AdamW, or Muon and AdamW); parallel.py spreads
+it over processes and devices, data.py feeds it, checkpoint.py and runs.py keep the run folder (docs/ablations.md,
+"Where things are").
 Starting a run in an out_dir that holds a checkpoint resumes it exactly; the settings that define the experiment must
 then be the same (config.RESUMABLE lists those that may change). A step with a non-finite loss or gradient is skipped
 and logged. A user error is one `error:` line, exit status 1.
@@ -29,6 +30,7 @@ from data import (
 from jreg import Profile, jump_rate
 from loss import Objective
 from model import Llama
+from optimizers import build_optimizer
 from parallel import compile_seconds, gather, parallelize, peak_flops, place, processes, to_device
 from runs import Run
 
@@ -93,9 +95,8 @@ def lr_at(step, cfg):
 def build_model(cfg, mcfg, device, init_sd):
     """(model, objective, optimizer): the model built in place on the device (init_sd's weights, or fresh ones), the
     objective around it as parallel.parallelize spreads it (DDP or FSDP, compiled or not: the loop never asks which),
-    and AdamW over the model's parameters as spread. Numerics, DDP and FSDP alike: fp32 weights, bf16 matmuls from the
-    loop's autocast, an fp32 residual stream. No weight decay on norms, biases or the token embedding (tied: the
-    shared matrix) unless decay_embeddings; an untied head decays."""
+    and the optimizer over the model's parameters as spread (optimizers.py: AdamW, or Muon for the blocks' matrices).
+    Numerics, DDP and FSDP alike: fp32 weights, bf16 matmuls from the loop's autocast, an fp32 residual stream."""
     with torch.device(device):                          # no full CPU copy per process
         model = Llama(mcfg, activation_checkpointing=cfg.activation_checkpointing, loss_chunk=cfg.loss_chunk)
     if init_sd is not None:
@@ -106,14 +107,7 @@ def build_model(cfg, mcfg, device, init_sd):
                           early_exit=cfg.early_exit, early_exit_scale=cfg.early_exit_scale,
                           early_exit_every=cfg.early_exit_every).to(device)
     objective = parallelize(objective, cfg, device)       # parallel.Parallel: the objective as the loop calls it
-    decay, no_decay, own_lr = [], [], []
-    for name, p in model.named_parameters():
-        decays = p.dim() >= 2 and (cfg.decay_embeddings or p is not model.tok_emb.weight)
-        (own_lr if name == "backout_lambda" and cfg.backout_lr_mult != 1 else decay if decays else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    groups += [{"params": own_lr, "weight_decay": 0.0, "lr_mult": cfg.backout_lr_mult}] if own_lr else []   # × lr
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type in ("cuda", "cpu"))
-    return model, objective, optimizer
+    return model, objective, build_optimizer(model, cfg, device)   # AdamW, or Muon + AdamW (optimizers.py)
 
 
 # ----------------------------------------------------------------------------------------------------------

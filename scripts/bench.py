@@ -107,13 +107,14 @@ COMPILED_BLOCK = 0.66   # a block's saved activations compiled / eager, torch.co
 
 
 def estimate(mcfg, micro_batch, seq_len, mode="autocast", checkpointing=False, loss_chunk=1024, jreg=True,
-             compiled=False, world=1, fsdp=False, grad_accum=1):
+             compiled=False, world=1, fsdp=False, grad_accum=1, optimizer="adamw"):
     """Predicted peak bytes per process of one training step, by part. mode: fp32 | autocast (fp32 weights, bf16
     matmuls: train.py on a GPU, DDP and FSDP alike). loss_chunk 0: the full-logits loss. The activations are what
     autograd saves, at whichever moment holds the most: the end of the forward pass (autocast's cache of bf16
     weights still alive), the start of the backward pass, or (checkpointing) a block's recomputation; test_memory.py
     checks them against torch.profiler's peaks on CPU (eager). compiled (from CPU inductor measurements): blocks keep
-    COMPILED_BLOCK of it, a full-logits loss ~2.5 bytes per logit."""
+    COMPILED_BLOCK of it, a full-logits loss ~2.5 bytes per logit. optimizer: adamw (two fp32 moments a parameter)
+    or muon (Muon's one fp32 momentum buffer for the blocks' matrices, AdamW's two for the rest)."""
     L, d, f, V, n = mcfg.n_layer, mcfg.d_model, mcfg.ffn_hidden, mcfg.vocab_size, micro_batch * seq_len
     kv = mcfg.n_kv_head * mcfg.head_dim
     p_block = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * f
@@ -145,8 +146,9 @@ def estimate(mcfg, micro_batch, seq_len, mode="autocast", checkpointing=False, l
     activations, logits = max(phases.values(), key=sum)
     shard = world if fsdp else 1
     p_head = p_top if mcfg.tie_embeddings else V * d + d   # FSDP's gathered groups at the backward's start: the root
+    matrices = L * (p_block - 2 * d) if optimizer == "muon" else 0          # Muon's: one buffer each, not two
     parts = dict(weights=4 * P / shard + (4 * (p_head + 2 * p_block) if fsdp else 0),   # (final norm, head), two blocks
-                 gradients=4 * P / shard, optimizer=8 * P / shard,                       # AdamW: two fp32 moments
+                 gradients=4 * P / shard, optimizer=(8 * P - 4 * matrices) / shard,      # AdamW: two fp32 moments
                  # DDP: its fp32 gradient buckets; FSDP accumulating micro-batches: the unsharded fp32 gradients
                  buffers=4 * P if not fsdp or grad_accum > 1 else 0, activations=activations, logits=logits)
     return {**parts, "total": sum(parts.values())}
@@ -192,6 +194,7 @@ def bench_steps(args, device, autocast):
             opt.step()
             opt.zero_grad(set_to_none=True)
         contenders[os.path.splitext(os.path.basename(path))[0]] = step
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None     # other work on the machine, said with it
     times = race(contenders, device, args.warmup, args.repeats, rounds=True)
     first = next(iter(times))
     ratios = {name: sorted(a / b for a, b in zip(t, times[first])) for name, t in times.items()}
@@ -204,7 +207,8 @@ def bench_steps(args, device, autocast):
     RESULTS.update(step_ms={k: 1e3 * statistics.median(v) for k, v in times.items()}, first=first,
                    ratio={k: statistics.median(v) for k, v in ratios.items()},
                    ratio_quartiles={k: statistics.quantiles(v, n=4)[::2] for k, v in ratios.items()},
-                   configs=list(args.steps), threads=torch.get_num_threads(), repeats=args.repeats)
+                   configs=list(args.steps), threads=torch.get_num_threads(), repeats=args.repeats,
+                   load_average=[load, os.getloadavg()[0] if load is not None else None], cpus=os.cpu_count())
 
 
 def bench_generation(model, device, args):
@@ -396,13 +400,15 @@ def memory_table(args):
         def total(micro_batch, ckpt):
             accum = cfg.batch_tokens // (cfg.seq_len * micro_batch * args.world)
             return estimate(mcfg, micro_batch, cfg.seq_len, mode, ckpt, loss_chunk=cfg.loss_chunk, compiled=compiled,
-                            jreg=cfg.jreg_lambda > 0, world=args.world, fsdp=fsdp, grad_accum=accum), accum
+                            jreg=cfg.jreg_lambda > 0, world=args.world, fsdp=fsdp, grad_accum=accum,
+                            optimizer=cfg.optimizer), accum
         est, accum = total(cfg.micro_batch, ckpt)
         if accum * cfg.seq_len * cfg.micro_batch * args.world != cfg.batch_tokens:
             raise SystemExit(f"error: {path}: batch_tokens {cfg.batch_tokens} is not a multiple of seq_len · "
                              f"micro_batch · world = {cfg.seq_len} · {cfg.micro_batch} · {args.world}")
         margin = 1 - est["total"] / (args.gpu_gib * gib)
-        how = f"{'FSDP' if fsdp else 'DDP'} {'compiled' if compiled else 'eager'}{' ckpt' if ckpt else ''}"
+        how = (f"{'FSDP' if fsdp else 'DDP'} {'compiled' if compiled else 'eager'}{' ckpt' if ckpt else ''}"
+               f"{' muon' if cfg.optimizer == 'muon' else ''}")
         print(f"{path:26s} {how:18s} {cfg.micro_batch:5d} {accum:5d} " + " ".join(f"{est[c] / gib:7.2f}" for c in cols)
               + f" {est['total'] / gib:7.2f} {100 * margin:6.0f}%")
         with torch.device("meta"):                       # the shape alone: parameters and FLOPs per token

@@ -33,6 +33,8 @@ def write(tmp_path, part, runs):
 def folder(tmp_path, monkeypatch):
     monkeypatch.setattr(RC, "HERE", str(tmp_path))
     monkeypatch.setattr(RC, "SWEPT", ["base", "lns"])
+    monkeypatch.setattr(RC, "METHODS", ["base", "lns"])
+    monkeypatch.setattr(RC, "OPTIMIZER", [])
     monkeypatch.setattr(RC, "CONDITIONS", {"base": "configs/kjv.py", "lns": "configs/kjv_lns.py",
                                            "lns_depth_init": "configs/kjv_lns_depth_init.py"})
     return tmp_path
@@ -58,12 +60,15 @@ def test_the_sweep_picks_on_the_held_out_seeds_and_goes_beyond_an_edge(folder):
 
 
 def test_a_seed_half_done_on_another_arithmetic_is_run_again_whole(folder):
+    """A table's block is a seed (its runs are paired); the sweep's a condition (a pick compares its lrs)."""
     grid = [(c, 3e-3, s, ()) for s in (1, 2, 3) for c in ("base", "lns")]
     other = dict(arithmetic="other")
     write(folder, "table", [fake("base", 3e-3, 1, 1.5, **other), fake("lns", 3e-3, 1, 1.5, **other),
                             fake("base", 3e-3, 2, 1.5, **other), fake("base", 3e-3, 3, 1.5)])
     pending = RC.todo(grid, "table", {"arithmetic": "a"})
     assert pending == [("base", 3e-3, 2, ()), ("lns", 3e-3, 2, ()), ("lns", 3e-3, 3, ())]   # seed 1: done, kept
+    by_condition = RC.todo(grid, "table", {"arithmetic": "a"}, lambda run: run[0])
+    assert by_condition == [g for g in grid if g[0] == "lns"]          # base's three are done; LNS's: mixed, all again
 
 
 def test_the_table_pairs_by_seed_tests_zeta_by_sign_flip_and_corrects_within_a_column(folder, monkeypatch):
@@ -92,6 +97,7 @@ def test_the_finding_names_a_cost_or_gain_only_where_it_survives_holm(folder, mo
     seeds = list(range(10))
     monkeypatch.setattr(RC, "SEEDS", seeds)
     monkeypatch.setattr(RC, "SWEPT", ["base", "lns", "mixln", "jreg_a1"])
+    monkeypatch.setattr(RC, "METHODS", RC.SWEPT)
     monkeypatch.setattr(RC, "CONDITIONS", {c: f"configs/{c}.py" for c in RC.SWEPT})
     lrs = RC.SWEEP_LRS
     write(folder, "sweep", [fake(c, lr, s, loss) for s in RC.SWEEP_SEEDS for c in RC.SWEPT
@@ -109,8 +115,8 @@ def test_the_finding_names_a_cost_or_gain_only_where_it_survives_holm(folder, mo
 
 
 def test_the_deep_check_runs_the_two_methods_whose_zeta_is_nearest_jregs(folder, monkeypatch):
-    monkeypatch.setattr(RC, "SWEPT", ["base", "jreg_a1", "lns", "mixln", "periln", "jreg_lns"])
-    lrs = {c: 3e-3 for c in RC.SWEPT}
+    monkeypatch.setattr(RC, "METHODS", ["base", "jreg_a1", "lns", "mixln", "periln", "jreg_lns"])
+    lrs = {c: 3e-3 for c in RC.METHODS}
     zetas = {"base": 3.0, "jreg_a1": 0.0, "lns": 0.5, "mixln": 2.9, "periln": 0.2, "jreg_lns": 0.0}
     write(folder, "table", [fake(c, 3e-3, s, 1.5, zeta=z) for c, z in zetas.items() for s in RC.SEEDS])
     assert RC.nearest(RC.load("table"), lrs) == ["periln", "lns"]

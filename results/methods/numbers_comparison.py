@@ -65,15 +65,17 @@ def p_text(p):
     return "p<0.001" if p < 0.001 else f"p={p:.3f}"
 
 
-def sweep():
-    """The held-out sweep: each condition's mean final val loss over SWEEP_SEEDS at each lr run, the pick in bold."""
-    runs, chosen = RC.load("sweep"), RC.picks(RC.load("sweep"))
+def sweep(conditions=None):
+    """The held-out sweep: each condition's (of RC.METHODS) mean final val loss over SWEEP_SEEDS at each lr run, the
+    pick in bold."""
+    conditions = conditions or RC.METHODS
+    runs, chosen = RC.load("sweep"), RC.picks(RC.load("sweep"), conditions)
     if not runs:
         return "No runs yet: python results/methods/run_comparison.py sweep."
-    lrs = sorted({r["lr"] for r in runs.values()})
+    lrs = sorted({r["lr"] for r in runs.values() if r["condition"] in conditions})
     lines = [f"| seeds {', '.join(map(str, RC.SWEEP_SEEDS))}, 300 steps | " + " | ".join(
         f"lr {lr_text(lr)}" for lr in lrs) + " | pick |", "|---" * (len(lrs) + 2) + "|"]
-    for c in RC.SWEPT:
+    for c in conditions:
         cells = []
         for lr in lrs:
             have = [runs.get(RC.name(c, lr, s)) for s in RC.SWEEP_SEEDS]
@@ -184,27 +186,28 @@ def own_lrs():
 def table():
     """The main table: every condition of the sweep at its own lr, the baseline at its own."""
     lrs, chosen = own_lrs()
-    if not all(done for _, done in chosen.values()):
+    if not all(chosen[c][1] for c in RC.METHODS):
         return "Not yet: the lr sweep is under way (python results/methods/run_comparison.py sweep)."
     runs = RC.load("table")
-    out = comparison(runs, [c for c in RC.SWEPT if c != "base"], lrs, lrs["base"], RC.SEEDS, "− baseline, own lr")
+    out = comparison(runs, [c for c in RC.METHODS if c != "base"], lrs, lrs["base"], RC.SEEDS, "− baseline, own lr")
     if out is None:
         return "No runs yet: python results/methods/run_comparison.py table."
     text, power_line, n, apart, family, tokens = out
-    missing = sum(RC.name(c, lrs[c], s) not in runs for c in RC.SWEPT for s in RC.SEEDS)
+    missing = sum(RC.name(c, lrs[c], s) not in runs for c in RC.METHODS for s in RC.SEEDS)
     return text + "\n\n" + note(power_line, n, apart, family, f"{missing} runs" if missing else "", tokens)
 
 
 def shared():
     """The second table: every condition, the variants too, at the study's lr."""
     runs = RC.load("table")
-    lrs = {c: RC.STUDY_LR for c in RC.CONDITIONS}
-    out = comparison(runs, [c for c in RC.CONDITIONS if c != "base"], lrs, RC.STUDY_LR, RC.SEEDS,
+    shared = [c for c in RC.CONDITIONS if c not in RC.OPTIMIZER]
+    lrs = {c: RC.STUDY_LR for c in shared}
+    out = comparison(runs, [c for c in shared if c != "base"], lrs, RC.STUDY_LR, RC.SEEDS,
                      f"− baseline, all at lr {lr_text(RC.STUDY_LR)}")
     if out is None:
         return "No runs yet: python results/methods/run_comparison.py table."
     text, power_line, n, apart, family, tokens = out
-    missing = sum(RC.name(c, RC.STUDY_LR, s) not in runs for c in RC.CONDITIONS for s in RC.SEEDS)
+    missing = sum(RC.name(c, RC.STUDY_LR, s) not in runs for c in shared for s in RC.SEEDS)
     return text + "\n\n" + note(power_line, n, apart, family, f"{missing} runs" if missing else "", tokens)
 
 
@@ -245,8 +248,11 @@ def steps():
         f"\n\nOne process ({r['machine'].get('cpu', '?')}, {res['threads']} thread, commit {r['git_commit']}): a "
         f"training step of each config (its model, methods and objective, AdamW; one micro-batch of random tokens at "
         f"its shape), {res['repeats']} rounds with the configs interleaved, each round's time over the baseline's in "
-        "the same round: the median ratio and its quartiles. A method's cost, apart from the machine's load "
-        "(the runs' own step times record that load: two runs at a time on 2 cores).")
+        "the same round: the median ratio and its quartiles: a method's cost, the machine's load hitting every "
+        "config alike (the runs' own step times record that load: two runs at a time on 2 cores)"
+        + (f"; the load average was {res['load_average'][0]:.1f} at the start and {res['load_average'][1]:.1f} at "
+           f"the end on {res['cpus']} CPUs (other work widens the quartiles)" if res.get("load_average") else
+           "; measured beside two other training processes (other work widens the quartiles)") + ".")
 
 
 def readme():
@@ -254,7 +260,7 @@ def readme():
     the first comparison (numbers_methods), and what is under way."""
     lrs, chosen = own_lrs()
     runs = RC.load("table")
-    done = all(ok for _, ok in chosen.values()) and all(RC.name(c, lrs[c], s) in runs for c in RC.SWEPT
+    done = all(chosen[c][1] for c in RC.METHODS) and all(RC.name(c, lrs[c], s) in runs for c in RC.METHODS
                                                         for s in RC.SEEDS)
     if done:
         return finding()
@@ -277,10 +283,10 @@ def finding():
     difference from the baseline survives Holm's correction by the exact sign-flip test) and validation loss (a cost
     or a gain named only where it survives the correction; otherwise no difference detected, with the interval)."""
     lrs, chosen = own_lrs()
-    if not all(done for _, done in chosen.values()):
+    if not all(chosen[c][1] for c in RC.METHODS):
         return "Not yet: the lr sweep is under way (python results/methods/run_comparison.py sweep)."
     runs = RC.load("table")
-    rows = {c: pairs(runs, c, "base", lrs[c], lrs["base"], RC.SEEDS)[0] for c in RC.SWEPT if c != "base"}
+    rows = {c: pairs(runs, c, "base", lrs[c], lrs["base"], RC.SEEDS)[0] for c in RC.METHODS if c != "base"}
     rows = {c: v for c, v in rows.items() if len(v) > 1}
     if not rows:
         return "No runs yet: python results/methods/run_comparison.py table."

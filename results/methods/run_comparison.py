@@ -9,7 +9,7 @@ The comparison of JREG with the other fixes for the last layers (docs/methods.md
 sweep: every condition of SWEPT at ½×, 1× and 2× the study's lr on SWEEP_SEEDS, seeds that no table uses; where the
 best (the mean final val loss of the two) lies at an edge, one more lr beyond it, until it lies inside. table: each
 condition at its own lr (the sweep's pick) and at the study's, on SEEDS (a run at the pick that is the study's lr is
-one run). deep: DEEP and the two methods whose mean ζ_L in the main table is nearest JREG's (nearest()), at
+one run); Muon's (OPTIMIZER) at its own only. deep: DEEP and the two methods whose mean ζ_L in the main table is nearest JREG's (nearest()), at
 n_layer = 16, their 8-layer lrs, the first five SEEDS. Runs go seed by seed (a seed's conditions
 together), two at a time, one thread each; each is train.py then evaluate.py --profile (study_runs.py), written to
 results/methods/<part>/CONDITION_lrLR_seedN.json with the machine: its CPU, torch, commit and `arithmetic`, the
@@ -39,8 +39,11 @@ CONDITIONS = {                                                  # the authors' r
     "backout": "configs/kjv_backout.py", "jreg_lns": "configs/kjv_jreg_lns.py",
     "lns_depth_init": "configs/kjv_lns_depth_init.py",
     "periln_no_embedding_norm": "configs/kjv_periln_no_embedding_norm.py",
-    "early_exit_uniform": "configs/kjv_early_exit_uniform.py", "backout_half": "configs/kjv_backout_half.py"}
-SWEPT = list(CONDITIONS)[:8]                                   # the variants run at the study's lr only
+    "early_exit_uniform": "configs/kjv_early_exit_uniform.py", "backout_half": "configs/kjv_backout_half.py",
+    "muon": "configs/kjv_muon.py", "muon_jreg": "configs/kjv_muon_jreg.py"}     # the optimizer's (docs/optimizer.md)
+METHODS = list(CONDITIONS)[:8]                                 # the methods tables' (the variants: the study's lr only)
+OPTIMIZER = ["muon", "muon_jreg"]                              # Muon's rows beside the AdamW baseline's and JREG's
+SWEPT = METHODS + OPTIMIZER                                    # each at an lr of its own
 STUDY_LR = 3e-3                                                # configs/kjv.py's
 SWEEP_LRS = [STUDY_LR / 2, STUDY_LR, STUDY_LR * 2]
 SWEEP_SEEDS = [1001, 1002]                                     # held out: no table uses them
@@ -137,25 +140,26 @@ def nearest(table, lrs, k=2):
     def zeta(c):
         runs = [table[name(c, lrs[c], s)] for s in SEEDS if name(c, lrs[c], s) in table]
         return sum(r["profile"]["zeta"][-1] for r in runs) / len(runs) if runs else float("inf")
-    methods = [c for c in SWEPT if c != "base" and not c.startswith("jreg")]
+    methods = [c for c in METHODS if c != "base" and not c.startswith("jreg")]
     return sorted(methods, key=lambda c: abs(zeta(c) - zeta("jreg_a1")))[:k]
 
 
-def todo(grid, part, where):
+def todo(grid, part, where, block=lambda run: run[2]):
     """The runs of grid [(condition, lr, seed, settings)] still to run here: those without a result, and every run of
-    a seed whose runs are not all done and not all of this machine's arithmetic (that seed is run again whole)."""
+    a block (by default a seed, whose runs the tables pair) whose runs are not all done and not all of this machine's
+    arithmetic (that block is run again whole)."""
     done = load(part)
     out = []
-    for seed in dict.fromkeys(s for _, _, s, _ in grid):
-        runs = [g for g in grid if g[2] == seed]
+    for key in dict.fromkeys(block(g) for g in grid):
+        runs = [g for g in grid if block(g) == key]
         have = [done.get(name(c, lr, s)) for c, lr, s, _ in runs]
         mixed = not all(have) and any(h and h["machine"]["arithmetic"] != where["arithmetic"] for h in have)
         out += [g for g, h in zip(runs, have) if h is None or mixed]
     return out
 
 
-def go(grid, part, where, out_root, jobs):
-    pending, t0 = todo(grid, part, where), time.time()
+def go(grid, part, where, out_root, jobs, block=lambda run: run[2]):
+    pending, t0 = todo(grid, part, where, block), time.time()
     print(f"{part}: {len(pending)} of {len(grid)} runs to go, {jobs} at a time", flush=True)
     os.makedirs(os.path.join(HERE, part), exist_ok=True)
     with ThreadPoolExecutor(jobs) as pool:
@@ -177,8 +181,9 @@ def main():
     print(f"on {where['cpu']}, torch {where['torch']}, commit {where['commit']}, arithmetic {where['arithmetic']}",
           flush=True)
     if args.part == "sweep":
-        while todo(sweep_grid(load("sweep")), "sweep", where):    # the grid, then further lrs while a best is at edge
-            go(sweep_grid(load("sweep")), "sweep", where, args.out, args.jobs)
+        by_condition = lambda run: run[0]                        # noqa: E731  (a pick compares one condition's lrs)
+        while todo(sweep_grid(load("sweep")), "sweep", where, by_condition):   # then further lrs while a best is at edge
+            go(sweep_grid(load("sweep")), "sweep", where, args.out, args.jobs, by_condition)
         for c, (best, ok) in picks(load("sweep")).items():
             print(f"{c}: lr {best:g}" + ("" if ok else " (at an edge)"))
         return
@@ -187,8 +192,8 @@ def main():
         raise SystemExit(f"error: the sweep is not done ({', '.join(c for c, (_, ok) in chosen.items() if not ok)}): "
                          "run the sweep part first")
     if args.part == "table":
-        grid = [(c, lr, s, ()) for s in SEEDS for c in CONDITIONS
-                for lr in dict.fromkeys([chosen[c][0], STUDY_LR] if c in chosen else [STUDY_LR])]
+        grid = [(c, lr, s, ()) for s in SEEDS for c in CONDITIONS for lr in dict.fromkeys(
+            [chosen[c][0]] if c in OPTIMIZER else [chosen[c][0], STUDY_LR] if c in chosen else [STUDY_LR])]
         go(grid, "table", where, args.out, args.jobs)
     else:
         lrs = {c: lr for c, (lr, _) in chosen.items()}

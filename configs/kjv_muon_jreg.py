@@ -1,0 +1,5 @@
+# The small CPU reproduction with Muon and JREG (lambda = 1, alpha = 1) (docs/optimizer.md).
+include("kjv_muon.py")        # Muon's settings
+out_dir = "out/kjv/muon_jreg"
+jreg_lambda = 1.0
+jreg_alpha = 1.0
