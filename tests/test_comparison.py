@@ -120,3 +120,29 @@ def test_the_deep_check_runs_the_two_methods_whose_zeta_is_nearest_jregs(folder,
     zetas = {"base": 3.0, "jreg_a1": 0.0, "lns": 0.5, "mixln": 2.9, "periln": 0.2, "jreg_lns": 0.0}
     write(folder, "table", [fake(c, 3e-3, s, 1.5, zeta=z) for c, z in zetas.items() for s in RC.SEEDS])
     assert RC.nearest(RC.load("table"), lrs) == ["periln", "lns"]
+
+
+def test_the_optimizer_table_pairs_muon_with_adamw_and_follows_zeta_over_training(folder, monkeypatch, tmp_path):
+    import numbers_optimizer as NO
+    seeds = list(range(6))
+    monkeypatch.setattr(RC, "SEEDS", seeds)
+    monkeypatch.setattr(RC, "SWEPT", list(NO.FOUR))
+    lrs = RC.SWEEP_LRS
+    write(folder, "sweep", [fake(c, lr, s, loss) for s in RC.SWEEP_SEEDS for c in NO.FOUR
+                            for lr, loss in zip(lrs, (1.6, 1.5, 1.55))])
+    zetas = {"base": 3.0, "jreg_a1": 0.0, "muon": 1.0, "muon_jreg": 0.0}
+    runs = []
+    for c, z in zetas.items():
+        for s in seeds:
+            r = fake(c, 3e-3, s, 1.5 + 0.01 * s + (0.02 if c.startswith("muon") else 0) + 0.001 * (s % 2), zeta=z)
+            r["evals"] = [{"step": step, "val_loss": 2.0, "zeta": [0.0, z * step / 300]} for step in (0, 150, 300)]
+            runs.append(r)
+    write(folder, "table", runs)
+    table = NO.table()
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
+    assert rows["Muon − AdamW"].split(" | ")[1] == "6"
+    # ζ_L: 6 of 6 lower, p = 2/2^6 = 0.031, which Holm's correction across the 4 comparisons (three at 0.031) lifts
+    assert "-2.00 [-2.00, -2.00] p=0.031 |" in rows["Muon − AdamW"]
+    assert "+0.0200 [" in rows["Muon − AdamW"] and "+0.0000" in rows["JREG − baseline, Muon"].split(" | ")[2]
+    assert "| Muon | 0.50 | 1.00 |" in NO.over_time()                         # ζ_L at steps 150 and 300
+    assert NO.plot(str(tmp_path / "optimizer.png")) and os.path.getsize(tmp_path / "optimizer.png") > 10_000

@@ -32,7 +32,7 @@ NAMES = {"base": "baseline", "jreg_a1": "JREG α = 1", "lns": "LayerNorm Scaling
          "periln": "Peri-LN", "early_exit": "LayerSkip early-exit loss", "backout": "Backout",
          "jreg_lns": "JREG + LayerNorm Scaling", "lns_depth_init": "LNS, depth-scaled init",
          "periln_no_embedding_norm": "Peri-LN, no embedding norm", "early_exit_uniform": "early exit, uniform 0.1",
-         "backout_half": "Backout at h_{L/2}, λ at 1× lr"}
+         "backout_half": "Backout at h_{L/2}, λ at 1× lr", "muon": "Muon", "muon_jreg": "Muon + JREG"}
 
 
 def lens_mid(p):
