@@ -3,10 +3,10 @@ How far the old readout put Backout's logit lens and skipped-block loss off: one
 evaluate.py --profile does (its validation windows, the lens and the skipped blocks on the first 4,096 tokens), once
 reading each stream as the model reads its own last one (Llama.head_input: N(h − λ·h_k)) and once as the profiles of
 the comparison's Backout runs were made, lm_head(norm(h)), without − λ·h_k. The run: seed 1337 of the Backout condition
-retrained as run_methods.py trains it (results/study_runs.py's train_and_profile of configs/kjv_backout.py):
+retrained as run_methods.py trains it (results/study_runs.py's train_and_profile of configs/kjv_backout_half.py):
 
     OMP_NUM_THREADS=1 python -c "import sys; sys.path.insert(0, 'results'); from study_runs import train_and_profile; \
-        train_and_profile('configs/kjv_backout.py', 'out/backout_check', 1337)"
+        train_and_profile('configs/kjv_backout_half.py', 'out/backout_check', 1337)"
     python results/methods/backout_readout.py [--run out/backout_check]
 
 Prints and writes results/methods/backout_readout.json: under each readout the analysis loss, the lens at layer L, the

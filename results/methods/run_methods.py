@@ -26,10 +26,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from study_runs import ROOT, run_pending, save, train_and_profile  # noqa: E402
 
-CONDITIONS = {"base": "configs/kjv.py", "jreg_a1": "configs/kjv_jreg.py", "lns": "configs/kjv_lns.py",
-              "mixln": "configs/kjv_mixln.py", "periln": "configs/kjv_periln.py",
-              "early_exit": "configs/kjv_early_exit.py", "backout": "configs/kjv_backout.py",
+# the configs of today's variants, as this study ran them (before the authors' recipes: run_comparison.py)
+CONDITIONS = {"base": "configs/kjv.py", "jreg_a1": "configs/kjv_jreg.py", "lns": "configs/kjv_lns_depth_init.py",
+              "mixln": "configs/kjv_mixln.py", "periln": "configs/kjv_periln_no_embedding_norm.py",
+              "early_exit": "configs/kjv_early_exit_uniform.py", "backout": "configs/kjv_backout_half.py",
               "jreg_lns": "configs/kjv_jreg_lns.py"}
+SETTINGS = {"jreg_lns": ["--depth_scaled_init=True"]}          # JREG with LNS on the depth-scaled init, as it ran
 SEEDS = [1337, 1, 2, 3, 4]
 LRS = "1.5e-3,3e-3,6e-3"                                                       # the lr check: the study's lr, ½ and 2×
 
@@ -47,7 +49,8 @@ def machine():
 def one_run(condition, seed, out_root, where, lr=None, folder="runs"):
     name = condition + (f"_lr{lr:g}" if lr else "") + f"_seed{seed}"
     out = {"run": name, "condition": condition, "seed": seed, "lr": lr, "machine": where, **train_and_profile(
-        CONDITIONS[condition], os.path.join(out_root, name), seed, *([f"--lr={lr!r}"] if lr else []))}
+        CONDITIONS[condition], os.path.join(out_root, name), seed, *([f"--lr={lr!r}"] if lr else []),
+        *SETTINGS.get(condition, []))}
     seconds = sorted(out.pop("step_seconds"))
     out["seconds_per_step"] = seconds[len(seconds) // 2]                       # the median: no warm-up outlier
     save(out, os.path.join(HERE, folder, f"{name}.json"))
