@@ -112,6 +112,9 @@ def test_the_finding_names_a_cost_or_gain_only_where_it_survives_holm(folder, mo
     assert "for JREG α = 1 after Holm" not in text and "sign-flip test) for LayerNorm Scaling, Mix-LN, JREG α = 1" in text
     assert "LayerNorm Scaling costs more than the baseline after the correction (LayerNorm Scaling +0.0509" in text
     assert "none gain, and no difference is detected for Mix-LN -0.0003 [" in text
+    short = NC.finding(short=True)
+    assert "LayerNorm Scaling costs more than the baseline after the correction, none gain, and no difference is " \
+           "detected for Mix-LN, JREG α = 1." in short and "[" not in short
 
 
 def test_the_deep_check_runs_the_two_methods_whose_zeta_is_nearest_jregs(folder, monkeypatch):

@@ -263,7 +263,7 @@ def readme():
     done = all(chosen[c][1] for c in RC.METHODS) and all(RC.name(c, lrs[c], s) in runs for c in RC.METHODS
                                                         for s in RC.SEEDS)
     if done:
-        return finding()
+        return finding(short=True)
     import numbers_methods as first
     by, _ = first.runs()
     zeta, loss = first.METRICS["zeta_L"][2], first.METRICS["val_loss"][2]
@@ -278,10 +278,11 @@ def readme():
             f"lr chosen on held-out seeds, {len(RC.SEEDS)} seeds) is under way.")
 
 
-def finding():
+def finding(short=False):
     """What the main table says, in two sentences from its runs: ζ_L (which methods end at 0.00 in every seed, whose
     difference from the baseline survives Holm's correction by the exact sign-flip test) and validation loss (a cost
-    or a gain named only where it survives the correction; otherwise no difference detected, with the interval)."""
+    or a gain named only where it survives the correction; otherwise no difference detected, with the interval;
+    short: the names alone, for the README)."""
     lrs, chosen = own_lrs()
     if not all(chosen[c][1] for c in RC.METHODS):
         return "Not yet: the lr sweep is under way (python results/methods/run_comparison.py sweep)."
@@ -297,7 +298,7 @@ def finding():
     held = {c: a < 0.05 for c, a in zip(lt, S.holm([p for _, p in lt.values()]))}
     zero = [c for c in rows if all(round(a["profile"]["zeta"][-1], 2) == 0 for a, _ in rows[c].values())]
     named = lambda cs: ", ".join(NAMES[c] for c in cs) or "none"                          # noqa: E731
-    cell = lambda c: f"{NAMES[c]} {interval(lt[c][0], 4)} ({p_text(lt[c][1])})"         # noqa: E731
+    cell = lambda c: NAMES[c] if short else f"{NAMES[c]} {interval(lt[c][0], 4)} ({p_text(lt[c][1])})"   # noqa
     worse = [c for c in rows if held[c] and lt[c][0][0] > 0]
     better = [c for c in rows if held[c] and lt[c][0][0] < 0]
     n = min(len(v) for v in rows.values())
@@ -305,11 +306,11 @@ def finding():
             f"{'ends' if len(zero) == 1 else 'end'} with ζ_L = 0.00 in every seed, and ζ_L differs from the "
             f"baseline's after Holm's correction (the exact sign-flip test) for {named(zeta_held)}. In validation "
             f"loss, {named(worse)} {'costs' if len(worse) == 1 else 'cost'} more than the baseline after the correction"
-            + (f" ({'; '.join(cell(c) for c in worse)})" if worse else "")
+            + (f" ({'; '.join(cell(c) for c in worse)})" if worse and not short else "")
             + f", {named(better)} {'gains' if len(better) == 1 else 'gain'}"
-            + (f" ({'; '.join(cell(c) for c in better)})" if better else "")
+            + (f" ({'; '.join(cell(c) for c in better)})" if better and not short else "")
             + ", and no difference is detected for "
-            + "; ".join(cell(c) for c in rows if c not in worse and c not in better) + ".")
+            + ("; " if not short else ", ").join(cell(c) for c in rows if c not in worse and c not in better) + ".")
 
 
 BLOCKS = {"comparison-readme": readme, "comparison-sweep": sweep, "comparison-finding": finding,
