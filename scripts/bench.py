@@ -54,6 +54,7 @@ from lib.generation import generate, generate_uncached
 from lib.hf import llama_to_hf
 from loss import cross_entropy
 from model import Llama, LlamaConfig, PRESETS
+from optimizers import build_optimizer
 from parallel import PEAK_FLOPS, peak_flops
 from runs import git
 
@@ -168,7 +169,7 @@ def race(contenders, device, warmup, repeats, rounds=False):
 
 
 def bench_steps(args, device, autocast):
-    """A training step of each config (its model and methods, its objective, AdamW; one micro-batch of its shape,
+    """A training step of each config (its model and methods, its objective and optimizer; one micro-batch of its shape,
     random tokens), interleaved, each round's time as a ratio to the first config's in the same round: what a method
     costs a step, apart from the machine's load."""
     contenders = {}
@@ -182,8 +183,7 @@ def bench_steps(args, device, autocast):
                               early_exit_scale=cfg.early_exit_scale, early_exit_every=cfg.early_exit_every).to(device)
         run = torch.compile(objective) if args.compile else objective
         x, y = (torch.randint(0, mcfg.vocab_size, (cfg.micro_batch, cfg.seq_len), device=device) for _ in "xy")
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                betas=(cfg.beta1, cfg.beta2), fused=device.type in ("cuda", "cpu"))
+        opt = build_optimizer(model, cfg, device)                       # its own: AdamW, or Muon and AdamW
 
         def step(objective=objective, run=run, model=model, opt=opt, x=x, y=y, cfg=cfg, count=itertools.count()):
             objective.at_step(next(count))                               # LayerSkip's rotation, as in training

@@ -246,8 +246,8 @@ def steps():
                      f"[{q[0]:.3f}, {q[1]:.3f}] |")
     return "\n".join(lines) + (
         f"\n\nOne process ({r['machine'].get('cpu', '?')}, {res['threads']} thread, commit {r['git_commit']}): a "
-        f"training step of each config (its model, methods and objective, AdamW; one micro-batch of random tokens at "
-        f"its shape), {res['repeats']} rounds with the configs interleaved, each round's time over the baseline's in "
+        "training step of each config (its model, methods, objective and optimizer; one micro-batch of random tokens "
+        f"at its shape), {res['repeats']} rounds with the configs interleaved, each round's time over the baseline's in "
         "the same round: the median ratio and its quartiles: a method's cost, the machine's load hitting every "
         "config alike (the runs' own step times record that load: two runs at a time on 2 cores)"
         + (f"; the load average was {res['load_average'][0]:.1f} at the start and {res['load_average'][1]:.1f} at "
