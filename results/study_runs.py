@@ -5,6 +5,7 @@ written whole (a rerun goes on with the runs that have none).
 """
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -29,6 +30,17 @@ def train_and_profile(config, folder, seed, *settings):
             "evals": [r for r in records if "val_loss" in r], "steps": [r for r in steps if r["step"] % 10 == 0],
             "last_step": steps[-1], "profile": json.load(open(os.path.join(folder, "profile.json")))["profile"],
             "step_seconds": [r["tokens"] / r["step"] / r["tok_per_s"] for r in steps]}
+
+
+def machine():
+    """The CPU, torch and commit a run is made with (each run's JSON records them)."""
+    cpu = platform.processor()
+    if os.path.exists("/proc/cpuinfo"):
+        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                   cpu)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
+    import torch
+    return {"cpu": cpu, "torch": torch.__version__, "commit": commit.strip() or None}
 
 
 def save(result, path):

@@ -72,7 +72,7 @@ def main():
     if not config["shape"].get("backout_layer"):
         raise SystemExit(f"error: {args.run} is no Backout run (backout_layer is off)")
     committed = json.load(open(COMMITTED))
-    from run_methods import machine
+    from study_runs import machine
     out = {"run": args.run, "seed": config["seed"], "backout_layer": config["shape"]["backout_layer"],
            "machine": machine(),
            "step": now["source"]["step"], "analysis_tokens": now["profile"]["analysis_tokens"],

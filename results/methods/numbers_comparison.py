@@ -13,7 +13,7 @@ A cell is the method's value minus the baseline's of the same seed (the same ini
 over the seeds both have, with the paired test of results/stats.py: for ζ_L (bounded at 0, often exactly 0) the exact
 sign-flip permutation test and a percentile bootstrap interval; for the others the paired t test and its t interval.
 The correction is Holm's, within each column of a table: the family is one metric's comparisons of that table's
-methods with the baseline. A pair is kept only where both runs share one arithmetic (run_comparison.machine()).
+methods with the baseline. A pair is kept only where both runs share one arithmetic (run_comparison.here()).
 
     python results/methods/numbers_comparison.py       # every table on stdout
 """

@@ -21,7 +21,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from study_runs import ROOT, save, train_and_profile  # noqa: E402
+from study_runs import ROOT, machine, save, train_and_profile  # noqa: E402
 
 CONDITIONS = {                                                  # the authors' recipes, then today's variants
     "base": "configs/kjv.py", "jreg_a1": "configs/kjv_jreg.py", "lns": "configs/kjv_lns.py",
@@ -70,14 +69,9 @@ def arithmetic():
     return hashlib.sha256(repr(losses).encode()).hexdigest()[:12]
 
 
-def machine():
-    cpu = platform.processor()
-    if os.path.exists("/proc/cpuinfo"):
-        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                   cpu)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    import torch
-    return {"cpu": cpu, "torch": torch.__version__, "commit": commit.strip() or None, "arithmetic": arithmetic()}
+def here():
+    """study_runs.machine() and this machine's arithmetic."""
+    return {**machine(), "arithmetic": arithmetic()}
 
 
 def one_run(condition, lr, seed, part, where, out_root, *settings):
@@ -177,7 +171,7 @@ def main():
     p.add_argument("--deep_methods", default="", help="deep: two methods (default: the two whose mean ζ_L in the main "
                    "table is nearest JREG's)")
     args = p.parse_args()
-    where = machine()
+    where = here()
     print(f"on {where['cpu']}, torch {where['torch']}, commit {where['commit']}, arithmetic {where['arithmetic']}",
           flush=True)
     if args.part == "sweep":

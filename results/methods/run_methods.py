@@ -18,13 +18,11 @@ lr where a best lies at the edge, and the other seeds at a method's best lr, to 
 """
 import argparse
 import os
-import platform
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from study_runs import ROOT, run_pending, save, train_and_profile  # noqa: E402
+from study_runs import machine, run_pending, save, train_and_profile  # noqa: E402
 
 # the configs of today's variants, as this study ran them (before the authors' recipes: run_comparison.py)
 CONDITIONS = {"base": "configs/kjv.py", "jreg_a1": "configs/kjv_jreg.py", "lns": "configs/kjv_lns_depth_init.py",
@@ -34,16 +32,6 @@ CONDITIONS = {"base": "configs/kjv.py", "jreg_a1": "configs/kjv_jreg.py", "lns":
 SETTINGS = {"jreg_lns": ["--depth_scaled_init=True"]}          # JREG with LNS on the depth-scaled init, as it ran
 SEEDS = [1337, 1, 2, 3, 4]
 LRS = "1.5e-3,3e-3,6e-3"                                                       # the lr check: the study's lr, ½ and 2×
-
-
-def machine():
-    cpu = platform.processor()
-    if os.path.exists("/proc/cpuinfo"):
-        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                   cpu)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    import torch
-    return {"cpu": cpu, "torch": torch.__version__, "commit": commit.strip() or None}
 
 
 def one_run(condition, seed, out_root, where, lr=None, folder="runs"):
