@@ -134,6 +134,16 @@ def test_a_uniform_rotation_averages_the_trained_exits_and_no_exit_trained_is_th
     assert objective.trained == [] and torch.allclose(objective(idx, y)[0], ce(out.hidden_states[-1]), atol=1e-6)
 
 
+def killed_during(monkeypatch, step, data_dir, out_dir, *args):
+    """A run of args into out_dir, killed (KeyboardInterrupt) during `step`: what went before it is its checkpoints."""
+    real = train.lr_at
+    monkeypatch.setattr(train, "lr_at", lambda s, cfg: (_ for _ in ()).throw(KeyboardInterrupt()) if s == step - 1
+                        else real(s, cfg))
+    with pytest.raises(KeyboardInterrupt):
+        run(data_dir, out_dir, *args)
+    monkeypatch.setattr(train, "lr_at", real)
+
+
 RECIPES = {"lns": ["--layernorm_scaling=True", "--depth_scaled_init=False"],
            "periln": ["--peri_ln=True", "--embedding_norm=True"],
            "early_exit": ["--early_exit=0.1", "--early_exit_scale=sum_l", "--early_exit_every=2"],
@@ -158,12 +168,7 @@ def test_each_recipe_trains_resumes_exactly_and_differs_from_todays_variant(data
     (the rotation follows the step, λ's learning rate its group); its numbers are not those of today's variant."""
     args = ["--max_steps=6", "--ckpt_interval=3", "--eval_interval=6", *RECIPES[recipe]]
     full, _ = run(data_dir, tmp_path / "full", *args)
-    real = train.lr_at
-    monkeypatch.setattr(train, "lr_at", lambda step, cfg: (_ for _ in ()).throw(KeyboardInterrupt()) if step == 4
-                        else real(step, cfg))
-    with pytest.raises(KeyboardInterrupt):
-        run(data_dir, tmp_path / "resumed", *args)
-    monkeypatch.setattr(train, "lr_at", real)
+    killed_during(monkeypatch, 5, data_dir, tmp_path / "resumed", *args)
     resumed, _ = run(data_dir, tmp_path / "resumed", *args)
     assert [s["loss"] for s in resumed] == [s["loss"] for s in full]
     variant = [a for a in RECIPES[recipe] if a.split("=")[0] in ("--layernorm_scaling", "--peri_ln", "--early_exit",

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import config as CF
-import train
 from model import Llama, LlamaConfig
 from optimizers import Optimizers, build_optimizer
 
+from test_method_recipes import killed_during
 from test_train import HERE, TINY, data_dir, read_log, run  # noqa: F401 (data_dir: a fixture)
 
 
@@ -95,12 +95,7 @@ def test_adamw_is_todays_run_to_the_last_bit_and_muon_another(data_dir, tmp_path
 def test_a_muon_run_resumes_exactly_and_its_optimizer_cannot_change(data_dir, tmp_path, monkeypatch):
     args = ["--max_steps=6", "--ckpt_interval=3", "--eval_interval=6", "--optimizer=muon"]
     full, _ = run(data_dir, tmp_path / "full", *args)
-    real = train.lr_at
-    monkeypatch.setattr(train, "lr_at", lambda step, cfg: (_ for _ in ()).throw(KeyboardInterrupt()) if step == 4
-                        else real(step, cfg))
-    with pytest.raises(KeyboardInterrupt):
-        run(data_dir, tmp_path / "resumed", *args)
-    monkeypatch.setattr(train, "lr_at", real)
+    killed_during(monkeypatch, 5, data_dir, tmp_path / "resumed", *args)
     ckpt = torch.load(tmp_path / "resumed" / "ckpt_0000003.pt", weights_only=True)
     assert any("momentum_buffer" in state for state in ckpt["optimizer"]["state"].values())   # Muon's, by name
     resumed, _ = run(data_dir, tmp_path / "resumed", *args)
