@@ -82,7 +82,7 @@ def rewrite(text, generated, path, stale):
 # where each block stands: a block deleted from (or added to) a page, or moved, fails the check
 PLACES = {
     "README.md": ("kjv-setup", "kjv-seeds", "kjv-finding", "kjv-alpha3", "sft-readme", "retrofit-finding",
-                  "smollm2-finding", "comparison-readme", "kjv-scale", "determinism",
+                  "smollm2-finding", "comparison-readme", "optimizer-readme", "kjv-scale", "determinism",
                   "param-counts", "readme-estimate"),
     "docs/data.md": ("kjv-data", "tokenize-speed"),
     "docs/evaluation.md": ("smollm2-load", "chat-profile-tokens", "smollm2-tasks"),
@@ -92,7 +92,8 @@ PLACES = {
     "docs/methods.md": ("comparison-sweep", "comparison-finding", "comparison-table", "comparison-shared", "comparison-steps",
                         "comparison-deep", "methods-finding", "methods-table", "methods-backout-readout",
                         "methods-lr-finding", "methods-lr", "methods-lr-seeds"),
-    "docs/optimizer.md": ("optimizer-sweep", "optimizer-table", "optimizer-over-time"),
+    "docs/optimizer.md": ("optimizer-sweep", "optimizer-table", "optimizer-over-time", "optimizer-finding",
+                          "optimizer-figure"),
     "docs/reproduction.md": ("quickstart-time", "kjv-seeds", "kjv-paired", "kjv-finding", "kjv-alpha3", "kjv-runs",
                              "kjv-layers", "kjv-layers-finding", "cpu-loss", "cpu-profile", "cpu-finding",
                              "kjv-corpus", "kjv-params", "kjv600-runs", "kjv600-layers", "kjv600-finding", "kjv-size"),
@@ -360,6 +361,7 @@ def main(argv):
         return 0
     numbers_reproduction.plots(*numbers_reproduction.seed_study())
     numbers_methods.plot()
+    numbers_optimizer.plot()
     print("\n\n".join(generated.values()))
     print("rewrote: " + (", ".join(stale) or "nothing changed"))
     found = problems(generated)

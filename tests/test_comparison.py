@@ -125,6 +125,21 @@ def test_the_deep_check_runs_the_two_methods_whose_zeta_is_nearest_jregs(folder,
     assert RC.nearest(RC.load("table"), lrs) == ["periln", "lns"]
 
 
+def test_the_main_table_runs_each_pick_and_the_second_the_studys_lr(folder, monkeypatch):
+    """table: every swept condition (Muon's too) at its own lr, seed by seed; shared: every other condition, the
+    variants too, at the study's lr, into the same folder (a pick at the study's lr is one run for both)."""
+    monkeypatch.setattr(RC, "SWEPT", ["base", "lns", "muon"])
+    monkeypatch.setattr(RC, "OPTIMIZER", ["muon"])
+    monkeypatch.setattr(RC, "CONDITIONS", {**RC.CONDITIONS, "muon": "configs/kjv_muon.py"})
+    grids = RC.grids({"base": (6e-3, True), "lns": (3e-3, True), "muon": (1.2e-2, True)})
+    assert grids["table"][:4] == [("base", 6e-3, 1337, ()), ("lns", 3e-3, 1337, ()), ("muon", 1.2e-2, 1337, ()),
+                                  ("base", 6e-3, 1, ())] and len(grids["table"]) == 3 * len(RC.SEEDS)
+    assert grids["shared"][:3] == [("base", 3e-3, 1337, ()), ("lns", 3e-3, 1337, ()),
+                                   ("lns_depth_init", 3e-3, 1337, ())]
+    assert len(grids["shared"]) == 3 * len(RC.SEEDS) and set(grids["table"]) & set(grids["shared"]) == {
+        ("lns", 3e-3, s, ()) for s in RC.SEEDS}
+
+
 def test_the_optimizer_table_pairs_muon_with_adamw_and_follows_zeta_over_training(folder, monkeypatch, tmp_path):
     import numbers_optimizer as NO
     seeds = list(range(6))
@@ -148,4 +163,24 @@ def test_the_optimizer_table_pairs_muon_with_adamw_and_follows_zeta_over_trainin
     assert "-2.00 [-2.00, -2.00] p=0.031 |" in rows["Muon − AdamW"]
     assert "+0.0200 [" in rows["Muon − AdamW"] and "+0.0000" in rows["JREG − baseline, Muon"].split(" | ")[2]
     assert "| Muon | 0.50 | 1.00 |" in NO.over_time()                         # ζ_L at steps 150 and 300
+    # ζ_L 3.00 → 1.00: lower in all 6 seeds, p = 0.031, 0.125 after Holm (3 of 4 at 0.031): not detected
+    assert NO.finding().startswith(
+        "Over 6 seeds, each condition at its own lr, the baseline's ζ_L is 3.00 ± 0.00 under AdamW and 1.00 ± 0.00 "
+        "under Muon (Muon − AdamW -2.00 [-2.00, -2.00], Holm-adjusted p=0.125): no difference in ζ_L between the "
+        "optimizers is detected, the largest step of layers 2..L at layer 3 under both.")
+    assert "0.00 in 6 of 6 seeds" in NO.finding() and NO.readme().endswith("ends with ζ_L = 0.00 in 6 of 6 seeds.")
+    assert NO.figure().startswith("![") and "(../results/methods/optimizer.png)" in NO.figure()
+    from matplotlib.figure import Figure
+    from test_evaluate import plot_problems
+    from lib.style import COLOURS
+    drawn, save = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: drawn.append(fig) or save(fig, path, **kw))
     assert NO.plot(str(tmp_path / "optimizer.png")) and os.path.getsize(tmp_path / "optimizer.png") > 10_000
+    assert plot_problems(drawn[0]) == []
+    colours = {line.get_label().split(" (")[0]: line.get_color() for line in drawn[0].axes[0].get_lines()}
+    assert colours["baseline, AdamW"] == COLOURS["base"] and colours[r"JREG $\alpha$ = 1, AdamW"] == COLOURS["jreg_a1"]
+    assert {colours["Muon"], colours[r"Muon + JREG $\alpha$ = 1"]}.isdisjoint(COLOURS.values())
+    runs = RC.load("table")                                        # one seed short: neither finding nor figure yet
+    os.remove(folder / "table" / f"{RC.name('muon', 3e-3, 5)}.json")
+    assert NO.figure() == "Not drawn yet: the runs are under way." and NO.plot() is None and len(runs) == 24
+    assert NO.readme().startswith("The study of AdamW and Muon")

@@ -27,7 +27,8 @@ EXPECTED = {"kjv": [LENS, ZETA], "kjv/600_steps": [PSI], "smollm2": [PSI, LENS],
             "layers/kjv": [LENS, EXIT], "layers/survey": [PSI, ZETA], "retrofit": [PSI, LENS, ZETA, EXIT],
             "sft_kjv/kjv": [PSI], "sft_kjv/chat": [PSI, LENS]}
 ELSEWHERE = {"kjv/psi_profiles.png", "kjv/zeta_over_training.png",   # results/collect.py's, from the seed runs
-             "methods/methods.png"}                                  # results/methods/numbers_methods.py's
+             "methods/methods.png",                                  # results/methods/numbers_methods.py's
+             "methods/optimizer.png"}                                # numbers_optimizer.py's (tests/test_comparison.py)
 
 
 @pytest.fixture(scope="module")

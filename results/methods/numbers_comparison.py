@@ -205,7 +205,7 @@ def shared():
     out = comparison(runs, [c for c in shared if c != "base"], lrs, RC.STUDY_LR, RC.SEEDS,
                      f"− baseline, all at lr {lr_text(RC.STUDY_LR)}")
     if out is None:
-        return "No runs yet: python results/methods/run_comparison.py table."
+        return "No runs yet: python results/methods/run_comparison.py shared."
     text, power_line, n, apart, family, tokens = out
     missing = sum(RC.name(c, RC.STUDY_LR, s) not in runs for c in shared for s in RC.SEEDS)
     return text + "\n\n" + note(power_line, n, apart, family, f"{missing} runs" if missing else "", tokens)

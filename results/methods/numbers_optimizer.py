@@ -7,6 +7,8 @@ the exact sign-flip test; Holm's correction within a column, across the four com
     sweep()      Muon's lr beside AdamW's: the held-out sweep's rows of the four conditions
     table()      the four conditions' means, and the four paired comparisons
     over_time()  ζ_L over training (the runs' periodic evals), each condition's mean at each eval
+    finding()    what the table says, in two sentences (readme(): the README's one)
+    figure()     the figure's line in docs/optimizer.md, once it is drawn
     plot()       results/methods/optimizer.png: Ψ per layer and ζ_L over training, the four conditions
 
     python results/methods/numbers_optimizer.py
@@ -91,25 +93,87 @@ def over_time():
                                "batches), each condition at its own lr.")
 
 
+def complete():
+    """runs() when every condition has a run on every seed of the tables, else None."""
+    by = runs()
+    return by if by and all(len(v) == len(RC.SEEDS) for v in by.values()) else None
+
+
+def largest(by, c):
+    """The layer ℓ ≥ 2 whose mean Ψ_ℓ over the seeds is the largest (Ψ_1, the embedding's first step, left out)."""
+    profiles = [r["profile"]["psi"] for r in by[c].values()]
+    mean = [sum(col) / len(col) for col in zip(*profiles)]
+    return max(range(2, len(mean) + 1), key=lambda layer: mean[layer - 1])
+
+
+def finding(short=False):
+    """Two sentences from the table's runs: whether Muon removes, keeps or moves the baseline's jump (ζ_L under each
+    optimizer, the exact sign-flip test with Holm's correction across the four comparisons, and the layer of the largest
+    Ψ), and what JREG does under Muon; short: the README's one sentence."""
+    by = complete()
+    if by is None:
+        return ("The study of AdamW and Muon, with and without JREG, is under way (results/methods/run_comparison.py)."
+                if short else "Not yet: the runs are under way (python results/methods/run_comparison.py table).")
+    zeta, loss = NC.METRICS["zeta_L"][2], NC.METRICS["val_loss"][2]
+    diff = lambda a, b, f: [f(by[a][s]["profile"]) - f(by[b][s]["profile"]) for s in by[a]]    # noqa: E731
+    p = dict(zip(COMPARED, S.holm([S.sign_flip_p(diff(a, b, zeta)) for a, b in COMPARED.values()])))
+    mean = {c: S.mean_sd([zeta(r["profile"]) for r in by[c].values()]) for c in FOUR}
+    d, held = S.bootstrap_interval(diff("muon", "base", zeta)), p["Muon − AdamW"] < 0.05
+    where = {c: largest(by, c) for c in ("base", "muon")}
+    verdict = ("no difference in ζ_L between the optimizers is detected" if not held else
+               "Muon removes the jump by itself" if d[0] < 0 and mean["muon"][0] < 0.1 * mean["base"][0] else
+               "Muon shrinks the jump" if d[0] < 0 else "Muon enlarges the jump")
+    moved = (f", and the largest step of layers 2..L moves from layer {where['base']} to {where['muon']}"
+             if where["base"] != where["muon"] else f", the largest step of layers 2..L at layer {where['muon']} "
+             "under both")
+    zero = sum(round(zeta(r["profile"]), 2) == 0 for r in by["muon_jreg"].values())
+    lt = S.t_interval(diff("muon", "base", loss))
+    if short:
+        return (f"Over {len(RC.SEEDS)} seeds at 300 steps, the baseline's ζ_L is {mean['base'][0]:.2f} under AdamW and "
+                f"{mean['muon'][0]:.2f} under Muon: {verdict}{moved}; JREG under Muon ends with ζ_L = 0.00 in {zero} "
+                f"of {len(by['muon_jreg'])} seeds.")
+    return (f"Over {len(RC.SEEDS)} seeds, each condition at its own lr, the baseline's ζ_L is {mean['base'][0]:.2f} ± "
+            f"{mean['base'][1]:.2f} under AdamW and {mean['muon'][0]:.2f} ± {mean['muon'][1]:.2f} under Muon (Muon − "
+            f"AdamW {NC.interval(d, 2)}, Holm-adjusted p={p['Muon − AdamW']:.3f}): {verdict}{moved}. With JREG, ζ_L "
+            f"is {mean['jreg_a1'][0]:.2f} under AdamW and {mean['muon_jreg'][0]:.2f} under Muon (0.00 in {zero} of "
+            f"{len(by['muon_jreg'])} seeds; JREG − baseline under Muon Holm-adjusted p="
+            f"{p['JREG − baseline, Muon']:.3f}), and Muon's baseline differs from AdamW's in validation loss by "
+            f"{NC.interval(lt, 4)} ({NC.p_text(S.t_p(diff('muon', 'base', loss)))}).")
+
+
+def readme():
+    return finding(short=True)
+
+
+def figure():
+    """The figure's line, once the runs to draw it exist (plot())."""
+    if complete() is None:
+        return "Not drawn yet: the runs are under way."
+    return ("![Ψ per layer and ζ_L over training, AdamW and Muon with and without JREG]"
+            "(../results/methods/optimizer.png)")
+
+
 def plot(path=FIGURE):
     """Ψ per layer (the mean profile) and ζ_L over training, the four conditions, in lib/style.py's colours."""
-    by = runs()
-    if not by or not all(by.values()):
+    by = complete()
+    if by is None:
         return None
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-    from lib.style import DPI, legend, line_styles
+    from lib.style import DPI, LABELS, legend, line_styles
     styles = line_styles(list(FOUR))
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.8), layout="constrained")
     for c, name in FOUR.items():
         profiles = [r["profile"]["psi"] for r in by[c].values()]
         mean = [sum(col) / len(col) for col in zip(*profiles)]
-        left.plot(range(1, len(mean) + 1), mean, label=f"{name} ({len(profiles)} seeds)", **styles[c])
+        label = f"{LABELS[c]}, AdamW" if c in LABELS else name.replace("JREG", r"JREG $\alpha$ = 1")
+        left.plot(range(1, len(mean) + 1), mean, label=f"{label} ({len(profiles)} seeds)", **styles[c])
         steps = [e["step"] for e in next(iter(by[c].values()))["evals"] if e["step"] > 0]
         right.plot(steps, [sum(next(e for e in r["evals"] if e["step"] == step)["zeta"][-1] for r in by[c].values())
                            / len(by[c]) for step in steps], **styles[c])
+    left.set_xticks(range(1, len(mean) + 1))                                  # layers: whole numbers
     left.set(xlabel=r"layer $\ell$", ylabel=r"mean $\Psi_\ell$ over seeds", title=r"$\Psi_\ell$ per layer")
     right.set(xlabel="step", ylabel=r"mean $\zeta_L$ (%)", title=r"$\zeta_L$ over training")
     for ax in (left, right):
@@ -120,7 +184,8 @@ def plot(path=FIGURE):
     return path
 
 
-BLOCKS = {"optimizer-sweep": sweep, "optimizer-table": table, "optimizer-over-time": over_time}
+BLOCKS = {"optimizer-sweep": sweep, "optimizer-table": table, "optimizer-over-time": over_time,
+          "optimizer-finding": finding, "optimizer-figure": figure, "optimizer-readme": readme}
 
 if __name__ == "__main__":
     for block in BLOCKS.values():

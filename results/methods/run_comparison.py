@@ -3,19 +3,21 @@ The comparison of JREG with the other fixes for the last layers (docs/methods.md
 (configs/kjv_<method>.py) beside today's variants (named for what differs), at the quick start's budget (300 steps).
 
     python results/methods/run_comparison.py sweep     # each condition's lr, chosen on held-out seeds
-    python results/methods/run_comparison.py table     # the tables' seeds, each condition at its own lr and at 3e-3
+    python results/methods/run_comparison.py table     # the main table: the ten seeds, each condition at its own lr
     python results/methods/run_comparison.py deep      # 16 layers: the baseline, JREG and the two methods nearest it
+    python results/methods/run_comparison.py shared    # the second table: every condition and variant at 3e-3
 
 sweep: every condition of SWEPT at ½×, 1× and 2× the study's lr on SWEEP_SEEDS, seeds that no table uses; where the
 best (the mean final val loss of the two) lies at an edge, one more lr beyond it, until it lies inside. table: each
-condition at its own lr (the sweep's pick) and at the study's, on SEEDS (a run at the pick that is the study's lr is
-one run); Muon's (OPTIMIZER) at its own only. deep: DEEP and the two methods whose mean ζ_L in the main table is nearest JREG's (nearest()), at
-n_layer = 16, their 8-layer lrs, the first five SEEDS. Runs go seed by seed (a seed's conditions
-together), two at a time, one thread each; each is train.py then evaluate.py --profile (study_runs.py), written to
-results/methods/<part>/CONDITION_lrLR_seedN.json with the machine: its CPU, torch, commit and `arithmetic`, the
-losses of a fixed 2-step run (so the comparison pairs only runs computed with one arithmetic). A rerun goes on where it
-stopped; a seed whose runs are half done on another arithmetic is run again whole here. Needs data/kjv_bytes
-(quickstart.sh).
+condition of SWEPT at its own lr (the sweep's pick) on SEEDS. deep: DEEP and the two methods whose mean ζ_L in the main
+table is nearest JREG's (nearest()), at n_layer = 16, their 8-layer lrs, the first five SEEDS. shared: every condition
+but Muon's (OPTIMIZER), the variants too, at the study's lr on SEEDS, into the table's folder (a run at a pick that is
+the study's lr serves both tables). The parts go in this order, the main table and the 16-layer check before the
+second table. Runs go seed by seed (a seed's conditions together), two at a time, one thread each; each is train.py
+then evaluate.py --profile (study_runs.py), written to results/methods/<folder>/CONDITION_lrLR_seedN.json with the
+machine: its CPU, torch, commit and `arithmetic`, the losses of a fixed 2-step run (so the comparison pairs only runs
+computed with one arithmetic). A rerun goes on where it stopped; a seed whose runs are half done on another arithmetic
+is run again whole here. Needs data/kjv_bytes (quickstart.sh).
 """
 import argparse
 import hashlib
@@ -152,20 +154,27 @@ def todo(grid, part, where, block=lambda run: run[2]):
     return out
 
 
-def go(grid, part, where, out_root, jobs, block=lambda run: run[2]):
-    pending, t0 = todo(grid, part, where, block), time.time()
-    print(f"{part}: {len(pending)} of {len(grid)} runs to go, {jobs} at a time", flush=True)
-    os.makedirs(os.path.join(HERE, part), exist_ok=True)
+def go(grid, folder, where, out_root, jobs, block=lambda run: run[2]):
+    """Run grid's runs still to do (todo) into results/methods/<folder>/, `jobs` at a time."""
+    pending, t0 = todo(grid, folder, where, block), time.time()
+    print(f"{folder}: {len(pending)} of {len(grid)} runs to go, {jobs} at a time", flush=True)
+    os.makedirs(os.path.join(HERE, folder), exist_ok=True)
     with ThreadPoolExecutor(jobs) as pool:
-        for future in [pool.submit(one_run, c, lr, s, part, where, out_root, *settings)
+        for future in [pool.submit(one_run, c, lr, s, folder, where, out_root, *settings)
                        for c, lr, s, settings in pending]:
             future.result()
-    print(f"{part}: {len(pending)} runs in {time.time() - t0:.0f} s", flush=True)
+    print(f"{folder}: {len(pending)} runs in {time.time() - t0:.0f} s", flush=True)
+
+
+def grids(chosen):
+    """{part: its grid [(condition, lr, seed, settings)]} of the parts after the sweep, at its picks chosen."""
+    return {"table": [(c, chosen[c][0], s, ()) for s in SEEDS for c in SWEPT],
+            "shared": [(c, STUDY_LR, s, ()) for s in SEEDS for c in CONDITIONS if c not in OPTIMIZER]}
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("part", choices=["sweep", "table", "deep"])
+    p.add_argument("part", choices=["sweep", "table", "deep", "shared"])
     p.add_argument("--out", default="out/comparison", help="the run folders")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
     p.add_argument("--deep_methods", default="", help="deep: two methods (default: the two whose mean ζ_L in the main "
@@ -185,10 +194,8 @@ def main():
     if not all(ok for _, ok in chosen.values()):
         raise SystemExit(f"error: the sweep is not done ({', '.join(c for c, (_, ok) in chosen.items() if not ok)}): "
                          "run the sweep part first")
-    if args.part == "table":
-        grid = [(c, lr, s, ()) for s in SEEDS for c in CONDITIONS for lr in dict.fromkeys(
-            [chosen[c][0]] if c in OPTIMIZER else [chosen[c][0], STUDY_LR] if c in chosen else [STUDY_LR])]
-        go(grid, "table", where, args.out, args.jobs)
+    if args.part in ("table", "shared"):
+        go(grids(chosen)[args.part], "table", where, args.out, args.jobs)
     else:
         lrs = {c: lr for c, (lr, _) in chosen.items()}
         methods = [m for m in args.deep_methods.split(",") if m] or nearest(load("table"), lrs)
@@ -198,7 +205,6 @@ def main():
         grid = [(c, chosen[c][0], s, (f"--n_layer={DEEP_LAYERS}", *DEEP_SETTINGS.get(c, ())))
                 for s in DEEP_SEEDS for c in DEEP + methods]
         go(grid, "deep", where, args.out, args.jobs)
-
 
 if __name__ == "__main__":
     main()
