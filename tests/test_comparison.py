@@ -125,6 +125,40 @@ def test_the_deep_check_runs_the_two_methods_whose_zeta_is_nearest_jregs(folder,
     assert RC.nearest(RC.load("table"), lrs) == ["periln", "lns"]
 
 
+def test_the_deep_check_says_whether_the_jump_grows_and_each_difference_keeps_its_sign(folder, monkeypatch):
+    """8 layers (the main table's runs) against 16 (deep): the baseline's ζ_L 3 → 5 in each of 5 seeds (sign flip p =
+    2/2^5); JREG's ζ_L difference stays negative, LNS's val-loss difference turns from + to −."""
+    monkeypatch.setattr(RC, "SWEPT", ["base", "jreg_a1", "lns"])
+    monkeypatch.setattr(RC, "METHODS", RC.SWEPT)
+    monkeypatch.setattr(RC, "CONDITIONS", {c: f"configs/{c}.py" for c in RC.SWEPT})
+    write(folder, "sweep", [fake(c, lr, s, loss) for s in RC.SWEEP_SEEDS for c in RC.SWEPT
+                            for lr, loss in zip(RC.SWEEP_LRS, (1.6, 1.5, 1.55))])
+    eight = {"base": (1.5, 3.0), "jreg_a1": (1.505, 0.0), "lns": (1.52, 1.0)}
+    sixteen = {"base": (1.4, 5.0), "jreg_a1": (1.41, 0.0), "lns": (1.38, 6.0)}
+    for part, values in (("table", eight), ("deep", sixteen)):
+        write(folder, part, [fake(c, 3e-3, s, loss + 0.001 * (s % 2), zeta=z) for c, (loss, z) in values.items()
+                             for s in RC.DEEP_SEEDS])
+    text = NC.deep()
+    assert ("The baseline's ζ_L is 3.00 at 8 layers and 5.00 at 16 over the same 5 seeds (16 − 8 layers: +2.00 "
+            "[+2.00, +2.00], p=0.062, the exact sign-flip test).") in text
+    assert ("Against the baseline, 8 → 16 layers (mean differences over the seeds each has): the sign is kept by JREG "
+            "α = 1's ζ_L -3.00 → -5.00; JREG α = 1's val loss +0.0050 → +0.0100, and changes for LayerNorm Scaling's "
+            "ζ_L -2.00 → +1.00; LayerNorm Scaling's val loss +0.0200 → -0.0200.") in text
+
+
+def test_the_study_says_its_cpu_time_and_the_second_table_its_finding(folder, monkeypatch):
+    monkeypatch.setattr(RC, "SEEDS", list(range(4)))
+    write(folder, "sweep", [dict(fake(c, lr, s, loss), wall_seconds=360.0) for s in RC.SWEEP_SEEDS for c in RC.SWEPT
+                            for lr, loss in zip(RC.SWEEP_LRS, (1.6, 1.5, 1.55))])
+    write(folder, "table", [fake(c, 3e-3, s, 1.5 + (0.05 if c == "lns" else 0) + 0.001 * s * (c == "lns"))
+                            for c in ("base", "lns", "lns_depth_init") for s in RC.SEEDS])
+    assert NC.cost().startswith("24 runs so far, 1.2 CPU-hours") and "sweep 12 runs, 1.2 h, table 12 runs, 0.0 h" in \
+        NC.cost() and NC.cost().endswith("; 12 runs without a recorded time.")
+    shared = NC.finding(part="shared")
+    assert shared.startswith("Over 4 seeds, every condition at the study's lr 3e-3:") and \
+        "LayerNorm Scaling costs more than the baseline after the correction" in shared
+
+
 def test_the_main_table_runs_each_pick_and_the_second_the_studys_lr(folder, monkeypatch):
     """table: every swept condition (Muon's too) at its own lr, seed by seed; shared: every other condition, the
     variants too, at the study's lr, into the same folder (a pick at the study's lr is one run for both)."""

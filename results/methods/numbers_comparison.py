@@ -219,16 +219,39 @@ def deep():
     if out is None:
         return "No runs yet: python results/methods/run_comparison.py deep."
     text, power_line, n, apart, family, tokens = out
-    table_runs = RC.load("table")
-    eight = [table_runs[RC.name("base", lrs["base"], s)]["profile"]["zeta"][-1] for s in RC.DEEP_SEEDS
-             if RC.name("base", lrs["base"], s) in table_runs]
-    deep_base = [r["profile"]["zeta"][-1] for r in runs.values() if r["condition"] == "base"]
     return text + "\n\n" + (
         f"At {RC.DEEP_LAYERS} layers (the same width, data and steps), each condition at its 8-layer lr (the held-out "
-        "sweep's pick; not chosen again at this depth), Backout's k kept at 3L/4. The baseline's ζ_L: "
-        f"{S.mean_sd(deep_base)[0]:.2f} at {RC.DEEP_LAYERS} layers over {len(deep_base)} seeds"
-        + (f", {S.mean_sd(eight)[0]:.2f} at 8 layers over the same seeds" if eight else "") + ". "
-        + note(power_line, n, apart, family, "", tokens))
+        "sweep's pick; not chosen again at this depth), Backout's k kept at 3L/4. " + depth(runs, conditions, lrs)
+        + " " + note(power_line, n, apart, family, "", tokens))
+
+
+def depth(runs, conditions, lrs):
+    """What doubling the depth does: the baseline's ζ_L at 8 and at 16 layers (paired by seed: the same data order; one
+    arithmetic), and whether each condition's mean difference from the baseline keeps its sign, in ζ_L and validation
+    loss."""
+    eight, zeta, loss = RC.load("table"), METRICS["zeta_L"][2], METRICS["val_loss"][2]
+    at = lambda table, s: table.get(RC.name("base", lrs["base"], s))                  # noqa: E731
+    base = [(at(runs, s), at(eight, s)) for s in RC.DEEP_SEEDS if at(runs, s) and at(eight, s)]
+    base = [(a, b) for a, b in base if a["machine"]["arithmetic"] == b["machine"]["arithmetic"]]
+    if len(base) < 2:
+        return ""
+    grow = [zeta(a["profile"]) - zeta(b["profile"]) for a, b in base]
+    means = [S.mean_sd([zeta(pair[k]["profile"]) for pair in base])[0] for k in (1, 0)]
+    out = (f"The baseline's ζ_L is {means[0]:.2f} at 8 layers and {means[1]:.2f} at {RC.DEEP_LAYERS} over the same "
+           f"{len(base)} seeds ({RC.DEEP_LAYERS} − 8 layers: {interval(S.bootstrap_interval(grow), 2)}, "
+           f"{p_text(S.sign_flip_p(grow))}, the exact sign-flip test).")
+    kept, flipped = [], []
+    for c in conditions:
+        for m, f, digits in (("ζ_L", zeta, 2), ("val loss", loss, 4)):
+            d = [[f(a["profile"]) - f(b["profile"]) for a, b in
+                  pairs(table, c, "base", lrs[c], lrs["base"], RC.DEEP_SEEDS)[0].values()] for table in (eight, runs)]
+            if all(d):
+                d = [sum(x) / len(x) for x in d]
+                text = f"{NAMES[c]}'s {m} {d[0]:+.{digits}f} → {d[1]:+.{digits}f}"
+                sign = [(x > 0) - (x < 0) for x in d]
+                (kept if sign[0] == sign[1] else flipped).append(text)
+    return out + (f" Against the baseline, 8 → {RC.DEEP_LAYERS} layers (mean differences over the seeds each has): "
+                  f"the sign is kept by {'; '.join(kept) or 'none'}, and changes for {'; '.join(flipped) or 'none'}.")
 
 
 def steps():
@@ -278,19 +301,24 @@ def readme():
             f"lr chosen on held-out seeds, {len(RC.SEEDS)} seeds) is under way.")
 
 
-def finding(short=False):
-    """What the main table says, in two sentences from its runs: ζ_L (which methods end at 0.00 in every seed, whose
-    difference from the baseline survives Holm's correction by the exact sign-flip test) and validation loss (a cost
-    or a gain named only where it survives the correction; otherwise no difference detected, with the interval;
-    short: the names alone, for the README)."""
+def finding(short=False, part="table"):
+    """What the main table (part "table") or the second ("shared") says, in two sentences from its runs: ζ_L (which
+    methods end at 0.00 in every seed, whose difference from the baseline survives Holm's correction by the exact
+    sign-flip test) and validation loss (a cost or a gain named only where it survives the correction; otherwise no
+    difference detected, with the interval; short: the names alone, for the README)."""
     lrs, chosen = own_lrs()
     if not all(chosen[c][1] for c in RC.METHODS):
         return "Not yet: the lr sweep is under way (python results/methods/run_comparison.py sweep)."
     runs = RC.load("table")
-    rows = {c: pairs(runs, c, "base", lrs[c], lrs["base"], RC.SEEDS)[0] for c in RC.METHODS if c != "base"}
+    if part == "shared":
+        conditions = [c for c in RC.CONDITIONS if c not in RC.OPTIMIZER and c != "base"]
+        lrs, how = {c: RC.STUDY_LR for c in RC.CONDITIONS}, f"every condition at the study's lr {lr_text(RC.STUDY_LR)}"
+    else:
+        conditions, how = [c for c in RC.METHODS if c != "base"], "every method at its own lr (chosen on held-out seeds)"
+    rows = {c: pairs(runs, c, "base", lrs[c], lrs["base"], RC.SEEDS)[0] for c in conditions}
     rows = {c: v for c, v in rows.items() if len(v) > 1}
     if not rows:
-        return "No runs yet: python results/methods/run_comparison.py table."
+        return f"No runs yet: python results/methods/run_comparison.py {part}."
     diff = lambda c, m: [METRICS[m][2](a["profile"]) - METRICS[m][2](b["profile"]) for a, b in rows[c].values()]  # noqa
     zp = {c: S.sign_flip_p(diff(c, "zeta_L")) for c in rows}
     zeta_held = [c for c, a in zip(zp, S.holm(list(zp.values()))) if a < 0.05]
@@ -302,7 +330,7 @@ def finding(short=False):
     worse = [c for c in rows if held[c] and lt[c][0][0] > 0]
     better = [c for c in rows if held[c] and lt[c][0][0] < 0]
     n = min(len(v) for v in rows.values())
-    return (f"Over {n} seeds, every method at its own lr (chosen on held-out seeds): {named(zero)} "
+    return (f"Over {n} seeds, {how}: {named(zero)} "
             f"{'ends' if len(zero) == 1 else 'end'} with ζ_L = 0.00 in every seed, and ζ_L differs from the "
             f"baseline's after Holm's correction (the exact sign-flip test) for {named(zeta_held)}. In validation "
             f"loss, {named(worse)} {'costs' if len(worse) == 1 else 'cost'} more than the baseline after the correction"
@@ -313,8 +341,21 @@ def finding(short=False):
             + ("; " if not short else ", ").join(cell(c) for c in rows if c not in worse and c not in better) + ".")
 
 
+def cost():
+    """The study's CPU time so far: the sum of its runs' wall-clock (each one thread), by part."""
+    parts = {part: RC.load(part) for part in ("sweep", "table", "deep")}
+    hours = {part: sum(r.get("wall_seconds", 0) for r in runs.values()) / 3600 for part, runs in parts.items()}
+    unknown = sum("wall_seconds" not in r for runs in parts.values() for r in runs.values())
+    return (f"{sum(map(len, parts.values()))} runs so far, {sum(hours.values()):.1f} CPU-hours (each run one thread, "
+            "its wall-clock from train.py's start to the profile's end, two at a time on 2 cores): "
+            + ", ".join(f"{part} {len(parts[part])} runs, {hours[part]:.1f} h" for part in parts)
+            + (f"; {unknown} runs without a recorded time" if unknown else "") + ".")
+
+
 BLOCKS = {"comparison-readme": readme, "comparison-sweep": sweep, "comparison-finding": finding,
-          "comparison-table": table, "comparison-shared": shared, "comparison-steps": steps, "comparison-deep": deep}
+          "comparison-table": table, "comparison-shared": shared,
+          "comparison-shared-finding": lambda: finding(part="shared"), "comparison-steps": steps,
+          "comparison-deep": deep, "comparison-cost": cost}
 
 if __name__ == "__main__":
     for block in BLOCKS.values():

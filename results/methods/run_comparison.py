@@ -77,10 +77,11 @@ def here():
 
 
 def one_run(condition, lr, seed, part, where, out_root, *settings):
-    run = name(condition, lr, seed)
+    run, t0 = name(condition, lr, seed), time.time()
     out = {"run": run, "condition": condition, "seed": seed, "lr": lr, "settings": list(settings), "machine": where,
            **train_and_profile(CONDITIONS[condition], os.path.join(out_root, part, run), seed, f"--lr={lr!r}",
                                *settings)}
+    out["wall_seconds"] = round(time.time() - t0, 1)                           # one thread: its CPU time
     seconds = sorted(out.pop("step_seconds"))
     out["seconds_per_step"] = seconds[len(seconds) // 2]                       # the median: no warm-up outlier
     save(out, os.path.join(HERE, part, f"{run}.json"))
