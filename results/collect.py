@@ -90,7 +90,8 @@ PLACES = {
     "docs/layers.md": ("smollm2-profile-finding", "smollm2-early-exit", "smollm2-exit-finding", "kjv-exit-finding",
                        "kjv-tasks", "kjv-boolq", "kjv-lens", "kjv-lens-finding", "survey-table", "survey-finding"),
     "docs/methods.md": ("comparison-cost", "comparison-sweep", "comparison-finding", "comparison-table",
-                        "comparison-shared", "comparison-shared-finding", "comparison-steps", "comparison-deep", "methods-finding", "methods-table", "methods-backout-readout",
+                        "comparison-figure", "comparison-shared", "comparison-shared-finding", "comparison-steps",
+                        "comparison-deep", "methods-finding", "methods-table", "methods-backout-readout",
                         "methods-lr-finding", "methods-lr", "methods-lr-seeds"),
     "docs/optimizer.md": ("optimizer-sweep", "optimizer-table", "optimizer-over-time", "optimizer-finding",
                           "optimizer-figure"),
@@ -361,6 +362,7 @@ def main(argv):
         return 0
     numbers_reproduction.plots(*numbers_reproduction.seed_study())
     numbers_methods.plot()
+    numbers_comparison.plot()
     numbers_optimizer.plot()
     print("\n\n".join(generated.values()))
     print("rewrote: " + (", ".join(stale) or "nothing changed"))

@@ -115,6 +115,17 @@ def test_the_finding_names_a_cost_or_gain_only_where_it_survives_holm(folder, mo
     short = NC.finding(short=True)
     assert "LayerNorm Scaling costs more than the baseline after the correction, none gain, and no difference is " \
            "detected for Mix-LN, JREG α = 1." in short and "[" not in short
+    from matplotlib.figure import Figure
+    from test_evaluate import plot_problems
+    drawn, save = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: drawn.append(fig) or save(fig, path, **kw))
+    assert NC.figure().endswith("(../results/methods/comparison.png)") and NC.plot(str(folder / "c.png"))
+    assert [p for p in plot_problems(drawn[0]) if not p.startswith("'final-layer jump rate': y ticks")] == []
+    assert [t.get_text() for t in drawn[0].axes[1].get_yticklabels()] == [
+        "baseline", r"JREG $\alpha$ = 1", "LayerNorm Scaling", "Mix-LN"]
+    assert "95% bootstrap interval" in drawn[0].axes[1].get_xlabel()
+    os.remove(folder / "table" / f"{RC.name('mixln', 3e-3, 9)}.json")             # a run short: not drawn yet
+    assert NC.plot() is None and NC.figure().startswith("Not drawn yet")
 
 
 def test_the_deep_check_runs_the_two_methods_whose_zeta_is_nearest_jregs(folder, monkeypatch):

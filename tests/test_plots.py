@@ -28,6 +28,7 @@ EXPECTED = {"kjv": [LENS, ZETA], "kjv/600_steps": [PSI], "smollm2": [PSI, LENS],
             "sft_kjv/kjv": [PSI], "sft_kjv/chat": [PSI, LENS]}
 ELSEWHERE = {"kjv/psi_profiles.png", "kjv/zeta_over_training.png",   # results/collect.py's, from the seed runs
              "methods/methods.png",                                  # results/methods/numbers_methods.py's
+             "methods/comparison.png",                               # numbers_comparison.py's (tests/test_comparison.py)
              "methods/optimizer.png"}                                # numbers_optimizer.py's (tests/test_comparison.py)
 
 

@@ -341,6 +341,36 @@ def finding(short=False, part="table"):
             + ("; " if not short else ", ").join(cell(c) for c in rows if c not in worse and c not in better) + ".")
 
 
+FIGURE = os.path.join(HERE, "comparison.png")
+
+
+def main_runs():
+    """{condition: {seed: run}} of the main table (every method of RC.METHODS at its own lr, each seed's run on the
+    baseline's arithmetic), or None until every one has a run on every seed."""
+    lrs, chosen = own_lrs()
+    if not all(chosen[c][1] for c in RC.METHODS):
+        return None
+    runs = RC.load("table")
+    by = {c: {s: a for s, (a, _) in pairs(runs, c, "base", lrs[c], lrs["base"], RC.SEEDS)[0].items()}
+          for c in RC.METHODS}
+    return by if all(len(v) == len(RC.SEEDS) for v in by.values()) else None
+
+
+def plot(path=FIGURE):
+    """results/methods/comparison.png: the main table's mean Ψ profiles and ζ_L per method with a bootstrap interval
+    (numbers_methods.plot's drawing), once every run of it is in."""
+    by = main_runs()
+    if by is None:
+        return None
+    import numbers_methods
+    return numbers_methods.plot(path, by, NAMES, S.bootstrap_interval, "95% bootstrap interval")
+
+
+def figure():
+    return ("![Ψ per layer and ζ_L of every method at its own lr](../results/methods/comparison.png)"
+            if main_runs() else "Not drawn yet: the main table's runs are under way.")
+
+
 def cost():
     """The study's CPU time so far: the sum of its runs' wall-clock (each one thread), by part."""
     parts = {part: RC.load(part) for part in ("sweep", "table", "deep")}
@@ -355,7 +385,7 @@ def cost():
 BLOCKS = {"comparison-readme": readme, "comparison-sweep": sweep, "comparison-finding": finding,
           "comparison-table": table, "comparison-shared": shared,
           "comparison-shared-finding": lambda: finding(part="shared"), "comparison-steps": steps,
-          "comparison-deep": deep, "comparison-cost": cost}
+          "comparison-deep": deep, "comparison-cost": cost, "comparison-figure": figure}
 
 if __name__ == "__main__":
     for block in BLOCKS.values():

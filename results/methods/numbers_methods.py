@@ -188,18 +188,20 @@ def unread_note(unread, n, dropped):
             + (f" (with {names} out of the family, {'; '.join(would)} would also survive it)" if would else "") + ".")
 
 
-def plot(path=os.path.join(HERE, "methods.png")):
+def plot(path=os.path.join(HERE, "methods.png"), by=None, names=CONDITIONS, interval=None, how="95% t interval"):
     """The mean Ψ profile of every condition in one panel, and ζ_L with its 95% t interval per condition, in
     lib/style.py's colours (the baseline blue and JREG α = 1 orange, as in every figure; each other method a colour
-    and a marker of its own) and layout (at most MAX_WIDTH pixels wide, the legend below the panels)."""
+    and a marker of its own) and layout (at most MAX_WIDTH pixels wide, the legend below the panels). by {condition:
+    {seed: run}}, names and interval (values -> (mean, low, high), described by how): another comparison's
+    (numbers_comparison.plot); by default this one's runs and the t interval."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
     sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
     from lib.style import DPI, LABELS, MARKERS, legend, line_styles
-    by, _ = runs()
-    shown = [c for c in CONDITIONS if by.get(c)]
+    by, interval = by or runs()[0], interval or repro.t_interval
+    shown = [c for c in names if by.get(c)]
     colours = {c: style["color"] for c, style in line_styles(shown).items()}
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.8), layout="constrained",
                                       gridspec_kw={"width_ratios": [3, 2]})
@@ -207,16 +209,17 @@ def plot(path=os.path.join(HERE, "methods.png")):
         profiles = [r["profile"]["psi"] for r in by[c].values()]
         mean = [sum(col) / len(col) for col in zip(*profiles)]
         left.plot(range(1, len(mean) + 1), mean, marker=MARKERS[i % len(MARKERS)], ms=4, color=colours[c],
-                  label=f"{LABELS.get(c, CONDITIONS[c])} ({len(profiles)} seeds)")
-        m, lo, hi = repro.t_interval([r["profile"]["zeta"][-1] for r in by[c].values()]) if len(profiles) > 1 else \
+                  label=f"{LABELS.get(c, names[c])} ({len(profiles)} seeds)")
+        m, lo, hi = interval([r["profile"]["zeta"][-1] for r in by[c].values()]) if len(profiles) > 1 else \
             (by[c][next(iter(by[c]))]["profile"]["zeta"][-1],) * 3
         right.errorbar([m], [i], xerr=[[m - lo], [hi - m]], fmt=MARKERS[i % len(MARKERS)], color=colours[c],
                        capsize=3)
     left.set(xlabel=r"layer $\ell$", ylabel=r"mean $\Psi_\ell$ over seeds", title=r"$\Psi_\ell$ per layer")
-    right.set_yticks(range(len(shown)), [LABELS.get(c, CONDITIONS[c]) for c in shown], fontsize=8.5)
+    right.set_yticks(range(len(shown)), [LABELS.get(c, names[c]) for c in shown], fontsize=8.5)
     right.invert_yaxis()
-    right.set(xlabel=r"$\zeta_L$ (%): mean, 95% t interval", title="final-layer jump rate")
-    left.xaxis.set_major_locator(MaxNLocator(integer=True))
+    right.set(xlabel=rf"$\zeta_L$ (%): mean, {how}", title="final-layer jump rate")
+    for axis in (left.xaxis, right.xaxis):                         # layers; ζ_L in whole percent
+        axis.set_major_locator(MaxNLocator(integer=True))
     for ax in (left, right):
         ax.grid(alpha=0.3)
     legend(fig, *left.get_legend_handles_labels())
