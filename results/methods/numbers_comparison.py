@@ -344,16 +344,25 @@ def finding(short=False, part="table"):
 FIGURE = os.path.join(HERE, "comparison.png")
 
 
-def main_runs():
-    """{condition: {seed: run}} of the main table (every method of RC.METHODS at its own lr, each seed's run on the
-    baseline's arithmetic), or None until every one has a run on every seed."""
-    lrs, chosen = own_lrs()
-    if not all(chosen[c][1] for c in RC.METHODS):
+def picked_runs(conditions):
+    """{condition: {seed: run}} of the table's runs at each condition's pick, each paired by seed with the baseline's
+    on one arithmetic (pairs()), or None while the sweep has not picked every one's lr."""
+    chosen = RC.picks(RC.load("sweep"), conditions)
+    if not all(done for _, done in chosen.values()):
         return None
     runs = RC.load("table")
-    by = {c: {s: a for s, (a, _) in pairs(runs, c, "base", lrs[c], lrs["base"], RC.SEEDS)[0].items()}
-          for c in RC.METHODS}
-    return by if all(len(v) == len(RC.SEEDS) for v in by.values()) else None
+    return {c: {s: a for s, (a, _) in pairs(runs, c, "base", chosen[c][0], chosen["base"][0], RC.SEEDS)[0].items()}
+            for c in conditions}
+
+
+def complete(by):
+    """by when every condition has a run on every seed of the tables, else None."""
+    return by if by and all(len(v) == len(RC.SEEDS) for v in by.values()) else None
+
+
+def main_runs():
+    """The main table's runs (every method of RC.METHODS at its pick) once every one is in, else None."""
+    return complete(picked_runs(RC.METHODS))
 
 
 def plot(path=FIGURE):

@@ -30,20 +30,9 @@ FIGURE = os.path.join(HERE, "optimizer.png")
 
 
 def runs():
-    """({condition: {seed: run}} of the four at their own lrs, on one arithmetic per seed (the baseline's), or None
-    while the sweep has not picked every lr)."""
-    chosen = RC.picks(RC.load("sweep"), list(FOUR))
-    if not all(done for _, done in chosen.values()):
-        return None
-    table = RC.load("table")
-    out = {c: {} for c in FOUR}
-    for s in RC.SEEDS:
-        base = table.get(RC.name("base", chosen["base"][0], s))
-        for c in FOUR:
-            r = table.get(RC.name(c, chosen[c][0], s))
-            if r and base and r["machine"]["arithmetic"] == base["machine"]["arithmetic"]:
-                out[c][s] = r
-    return out
+    """{condition: {seed: run}} of the four at their own lrs, paired by seed with the baseline's arithmetic, or None
+    while the sweep has not picked every lr (numbers_comparison.picked_runs)."""
+    return NC.picked_runs(list(FOUR))
 
 
 def sweep():
@@ -95,14 +84,18 @@ def over_time():
 
 def complete():
     """runs() when every condition has a run on every seed of the tables, else None."""
-    by = runs()
-    return by if by and all(len(v) == len(RC.SEEDS) for v in by.values()) else None
+    return NC.complete(runs())
+
+
+def mean_psi(by, c):
+    """The mean Ψ profile over a condition's seeds."""
+    profiles = [r["profile"]["psi"] for r in by[c].values()]
+    return [sum(col) / len(col) for col in zip(*profiles)]
 
 
 def largest(by, c):
     """The layer ℓ ≥ 2 whose mean Ψ_ℓ over the seeds is the largest (Ψ_1, the embedding's first step, left out)."""
-    profiles = [r["profile"]["psi"] for r in by[c].values()]
-    mean = [sum(col) / len(col) for col in zip(*profiles)]
+    mean = mean_psi(by, c)
     return max(range(2, len(mean) + 1), key=lambda layer: mean[layer - 1])
 
 
@@ -166,10 +159,9 @@ def plot(path=FIGURE):
     styles = line_styles(list(FOUR))
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.8), layout="constrained")
     for c, name in FOUR.items():
-        profiles = [r["profile"]["psi"] for r in by[c].values()]
-        mean = [sum(col) / len(col) for col in zip(*profiles)]
+        mean = mean_psi(by, c)
         label = f"{LABELS[c]}, AdamW" if c in LABELS else name.replace("JREG", r"JREG $\alpha$ = 1")
-        left.plot(range(1, len(mean) + 1), mean, label=f"{label} ({len(profiles)} seeds)", **styles[c])
+        left.plot(range(1, len(mean) + 1), mean, label=f"{label} ({len(by[c])} seeds)", **styles[c])
         steps = [e["step"] for e in next(iter(by[c].values()))["evals"] if e["step"] > 0]
         right.plot(steps, [sum(next(e for e in r["evals"] if e["step"] == step)["zeta"][-1] for r in by[c].values())
                            / len(by[c]) for step in steps], **styles[c])
