@@ -270,7 +270,8 @@ def steps():
     return "\n".join(lines) + (
         f"\n\nOne process ({r['machine'].get('cpu', '?')}, {res['threads']} thread, commit {r['git_commit']}): a "
         "training step of each config (its model, methods, objective and optimizer; one micro-batch of random tokens "
-        f"at its shape), {res['repeats']} rounds with the configs interleaved, each round's time over the baseline's in "
+        f"at its shape), {res['repeats']} rounds with the configs interleaved, each round's time over the baseline's "
+        "in "
         "the same round: the median ratio and its quartiles: a method's cost, the machine's load hitting every "
         "config alike (the runs' own step times record that load: two runs at a time on 2 cores)"
         + (f"; the load average was {res['load_average'][0]:.1f} at the start and {res['load_average'][1]:.1f} at "
@@ -314,7 +315,8 @@ def finding(short=False, part="table"):
         conditions = [c for c in RC.CONDITIONS if c not in RC.OPTIMIZER and c != "base"]
         lrs, how = {c: RC.STUDY_LR for c in RC.CONDITIONS}, f"every condition at the study's lr {lr_text(RC.STUDY_LR)}"
     else:
-        conditions, how = [c for c in RC.METHODS if c != "base"], "every method at its own lr (chosen on held-out seeds)"
+        conditions = [c for c in RC.METHODS if c != "base"]
+        how = "every method at its own lr (chosen on held-out seeds)"
     rows = {c: pairs(runs, c, "base", lrs[c], lrs["base"], RC.SEEDS)[0] for c in conditions}
     rows = {c: v for c, v in rows.items() if len(v) > 1}
     if not rows:
