@@ -203,14 +203,17 @@ def test_the_optimizer_table_pairs_muon_with_adamw_and_follows_zeta_over_trainin
     write(folder, "table", runs)
     table = NO.table()
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
-    assert rows["Muon − AdamW"].split(" | ")[1] == "6"
+    assert rows["Muon − AdamW"].split(" | ")[1:3] == ["3e-3, 3e-3", "6"]
     # ζ_L: 6 of 6 lower, p = 2/2^6 = 0.031, which Holm's correction across the 4 comparisons (three at 0.031) lifts
     assert "-2.00 [-2.00, -2.00] p=0.031 |" in rows["Muon − AdamW"]
-    assert "+0.0200 [" in rows["Muon − AdamW"] and "+0.0000" in rows["JREG − baseline, Muon"].split(" | ")[2]
+    assert "+0.0200 [" in rows["Muon − AdamW"] and "+0.0000" in rows["JREG − baseline, Muon"].split(" | ")[3]
     assert "| Muon | 0.50 | 1.00 |" in NO.over_time()                         # ζ_L at steps 150 and 300
+    assert "| Muon (mean ± sd) | 3e-3 | 6 |" in table
+    assert "| AdamW | 6 | 0.1000 | 0.2000 | 0.3000 |" in NO.profile()
     # ζ_L 3.00 → 1.00: lower in all 6 seeds, p = 0.031, 0.125 after Holm (3 of 4 at 0.031): not detected
     assert NO.finding().startswith(
-        "Over 6 seeds, each condition at its own lr, the baseline's ζ_L is 3.00 ± 0.00 under AdamW and 1.00 ± 0.00 "
+        "Over 6 seeds, each condition at its own lr (AdamW 3e-3, AdamW + JREG 3e-3, Muon 3e-3, Muon + JREG 3e-3), "
+        "the baseline's ζ_L is 3.00 ± 0.00 under AdamW and 1.00 ± 0.00 "
         "under Muon (Muon − AdamW -2.00 [-2.00, -2.00], Holm-adjusted p=0.125): no difference in ζ_L between the "
         "optimizers is detected, the largest step of layers 2..L at layer 3 under both.")
     assert "0.00 in 6 of 6 seeds" in NO.finding() and NO.readme().endswith("ends with ζ_L = 0.00 in 6 of 6 seeds.")
