@@ -35,6 +35,11 @@ def runs():
     return NC.picked_runs(list(FOUR))
 
 
+def own_lrs():
+    """{condition: the held-out sweep's pick} of the four."""
+    return {c: lr for c, (lr, _) in RC.picks(RC.load("sweep"), list(FOUR)).items()}
+
+
 def sweep():
     return NC.sweep(list(FOUR))
 
@@ -48,17 +53,18 @@ def table():
     rows = {label: {s: (by[a][s], by[b][s]) for s in sorted(set(by[a]) & set(by[b]))}
             for label, (a, b) in COMPARED.items()}
     texts, power = NC.cells({k: v for k, v in rows.items() if len(v) > 1})
-    lrs = RC.picks(RC.load("sweep"), list(FOUR))
+    lrs = {c: NC.lr_text(lr) for c, lr in own_lrs().items()}
     head = "| " + " | ".join(label for label, *_ in NC.METRICS.values()) + " |"
     lines = ["| condition | lr | seeds " + head, "|---" * (len(NC.METRICS) + 3) + "|"]
     for c, name in FOUR.items():
-        lines.append(f"| {name} (mean ± sd) | {NC.lr_text(lrs[c][0])} | {len(by[c])} | " + " | ".join(
+        lines.append(f"| {name} (mean ± sd) | {lrs[c]} | {len(by[c])} | " + " | ".join(
             "{:.{d}f} ± {:.{d}f}".format(*S.mean_sd([f(r["profile"]) for r in by[c].values()]), d=d)
             for _, d, f, _ in NC.METRICS.values()) + " |")
     lines += ["| paired difference | lrs | seeds " + head, "|---" * (len(NC.METRICS) + 3) + "|"]
     for label, v in rows.items():
-        a, b = (NC.lr_text(lrs[c][0]) for c in COMPARED[label])
-        lines.append(f"| {label} | {a}, {b} | {len(v)} | " + " | ".join(texts.get((label, m), "") for m in NC.METRICS) + " |")
+        a, b = COMPARED[label]
+        lines.append(f"| {label} | {lrs[a]}, {lrs[b]} | {len(v)} | "
+                     + " | ".join(texts.get((label, m), "") for m in NC.METRICS) + " |")
     power_line = "; ".join(f"{NC.METRICS[m][0].split(' (')[0]} {d:.{NC.METRICS[m][1]}f}" for m, (_, d, _) in
                            power.items())
     return "\n".join(lines) + (
@@ -93,7 +99,8 @@ def profile():
     layers = range(1, len(mean["base"]) + 1)
     lines = ["| mean Ψ_ℓ | seeds | " + " | ".join(f"ℓ = {layer}" for layer in layers) + " |",
              "|---" * (len(layers) + 2) + "|"]
-    lines += [f"| {name} | {len(by[c])} | " + " | ".join(f"{x:.4f}" for x in mean[c]) + " |" for c, name in FOUR.items()]
+    lines += [f"| {name} | {len(by[c])} | " + " | ".join(f"{x:.4f}" for x in mean[c]) + " |"
+              for c, name in FOUR.items()]
     tokens = next(iter(by["base"].values()))["profile"]["n_tokens"]
     return "\n".join(lines) + (f"\n\nevaluate.py's profile of each run at its last step (the first {tokens:,} "
                                "validation tokens), the mean over the seeds; ζ_L = 100 · max(0, Ψ_L − Ψ_{L−1}).")
@@ -142,11 +149,11 @@ def finding(short=False):
         return (f"Over {len(RC.SEEDS)} seeds at 300 steps, the baseline's ζ_L is {mean['base'][0]:.2f} under AdamW and "
                 f"{mean['muon'][0]:.2f} under Muon: {verdict}{moved}; JREG under Muon ends with ζ_L = 0.00 in {zero} "
                 f"of {len(by['muon_jreg'])} seeds.")
-    lrs = RC.picks(RC.load("sweep"), list(FOUR))
-    own = ", ".join(f"{name} {NC.lr_text(lrs[c][0])}" for c, name in FOUR.items())
-    return (f"Over {len(RC.SEEDS)} seeds, each condition at its own lr ({own}), the baseline's ζ_L is {mean['base'][0]:.2f} ± "
-            f"{mean['base'][1]:.2f} under AdamW and {mean['muon'][0]:.2f} ± {mean['muon'][1]:.2f} under Muon (Muon − "
-            f"AdamW {NC.interval(d, 2)}, Holm-adjusted p={p['Muon − AdamW']:.3f}): {verdict}{moved}. With JREG, ζ_L "
+    lrs = own_lrs()
+    own = ", ".join(f"{name} {NC.lr_text(lrs[c])}" for c, name in FOUR.items())
+    return (f"Over {len(RC.SEEDS)} seeds, each condition at its own lr ({own}), the baseline's ζ_L is "
+            f"{mean['base'][0]:.2f} ± {mean['base'][1]:.2f} under AdamW and {mean['muon'][0]:.2f} ± "
+            f"{mean['muon'][1]:.2f} under Muon (Muon − AdamW {NC.interval(d, 2)}, Holm-adjusted p={p['Muon − AdamW']:.3f}): {verdict}{moved}. With JREG, ζ_L "
             f"is {mean['jreg_a1'][0]:.2f} under AdamW and {mean['muon_jreg'][0]:.2f} under Muon (0.00 in {zero} of "
             f"{len(by['muon_jreg'])} seeds; JREG − baseline under Muon Holm-adjusted p="
             f"{p['JREG − baseline, Muon']:.3f}), and Muon's baseline differs from AdamW's in validation loss by "
