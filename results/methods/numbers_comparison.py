@@ -202,12 +202,12 @@ def shared():
     runs = RC.load("table")
     shared = [c for c in RC.CONDITIONS if c not in RC.OPTIMIZER]
     lrs = {c: RC.STUDY_LR for c in shared}
-    out = comparison(runs, [c for c in shared if c != "base"], lrs, RC.STUDY_LR, RC.SEEDS,
+    out = comparison(runs, [c for c in shared if c != "base"], lrs, RC.STUDY_LR, RC.SHARED_SEEDS,
                      f"− baseline, all at lr {lr_text(RC.STUDY_LR)}")
     if out is None:
         return "No runs yet: python results/methods/run_comparison.py shared."
     text, power_line, n, apart, family, tokens = out
-    missing = sum(RC.name(c, RC.STUDY_LR, s) not in runs for c in shared for s in RC.SEEDS)
+    missing = sum(RC.name(c, RC.STUDY_LR, s) not in runs for c in shared for s in RC.SHARED_SEEDS)
     return text + "\n\n" + note(power_line, n, apart, family, f"{missing} runs" if missing else "", tokens)
 
 
@@ -311,13 +311,14 @@ def finding(short=False, part="table"):
     if not all(chosen[c][1] for c in RC.METHODS):
         return "Not yet: the lr sweep is under way (python results/methods/run_comparison.py sweep)."
     runs = RC.load("table")
+    seeds = RC.SEEDS
     if part == "shared":
-        conditions = [c for c in RC.CONDITIONS if c not in RC.OPTIMIZER and c != "base"]
+        conditions, seeds = [c for c in RC.CONDITIONS if c not in RC.OPTIMIZER and c != "base"], RC.SHARED_SEEDS
         lrs, how = {c: RC.STUDY_LR for c in RC.CONDITIONS}, f"every condition at the study's lr {lr_text(RC.STUDY_LR)}"
     else:
         conditions = [c for c in RC.METHODS if c != "base"]
         how = "every method at its own lr (chosen on held-out seeds)"
-    rows = {c: pairs(runs, c, "base", lrs[c], lrs["base"], RC.SEEDS)[0] for c in conditions}
+    rows = {c: pairs(runs, c, "base", lrs[c], lrs["base"], seeds)[0] for c in conditions}
     rows = {c: v for c, v in rows.items() if len(v) > 1}
     if not rows:
         return f"No runs yet: python results/methods/run_comparison.py {part}."

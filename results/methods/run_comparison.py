@@ -11,9 +11,9 @@ sweep: every condition of SWEPT at ½×, 1× and 2× the study's lr on SWEEP_SEE
 best (the mean final val loss of the two) lies at an edge, one more lr beyond it, until it lies inside. table: each
 condition of SWEPT at its own lr (the sweep's pick) on SEEDS. deep: DEEP and the two methods whose mean ζ_L in the main
 table is nearest JREG's (nearest()), at n_layer = 16, their 8-layer lrs, the first five SEEDS. shared: every condition
-but Muon's (OPTIMIZER), the variants too, at the study's lr on SEEDS, into the table's folder (a run at a pick that is
-the study's lr serves both tables). The parts go in this order, the main table and the 16-layer check before the
-second table. Runs go seed by seed (a seed's conditions together), two at a time, one thread each; each is train.py
+but Muon's (OPTIMIZER), the variants too, at the study's lr on SHARED_SEEDS (the first five), into the table's folder
+(a run at a pick that is the study's lr serves both tables). The parts go in this order, the main table and the
+16-layer check before the second table. Runs go seed by seed (a seed's conditions together), two at a time, one thread each; each is train.py
 then evaluate.py --profile (study_runs.py), written to results/methods/<folder>/CONDITION_lrLR_seedN.json with the
 machine: its CPU, torch, commit and `arithmetic`, the losses of a fixed 2-step run (so the comparison pairs only runs
 computed with one arithmetic). A rerun goes on where it stopped; a seed whose runs are half done on another arithmetic
@@ -50,6 +50,7 @@ SWEEP_LRS = [STUDY_LR / 2, STUDY_LR, STUDY_LR * 2]
 SWEEP_SEEDS = [1001, 1002]                                     # held out: no table uses them
 SEEDS = [1337, 1, 2, 3, 4, 5, 6, 7, 8, 9]
 DEEP, DEEP_LAYERS, DEEP_SEEDS = ["base", "jreg_a1"], 16, SEEDS[:5]   # + the two methods nearest JREG (--deep_methods)
+SHARED_SEEDS = SEEDS[:5]                                       # the second table's: the first comparison's five
 DEEP_SETTINGS = {"backout": ("--backout_layer=12",), "backout_half": ("--backout_layer=8",)}   # k kept at 3L/4, L/2
 
 
@@ -170,7 +171,7 @@ def go(grid, folder, where, out_root, jobs, block=lambda run: run[2]):
 def grids(chosen):
     """{part: its grid [(condition, lr, seed, settings)]} of the parts after the sweep, at its picks chosen."""
     return {"table": [(c, chosen[c][0], s, ()) for s in SEEDS for c in SWEPT],
-            "shared": [(c, STUDY_LR, s, ()) for s in SEEDS for c in CONDITIONS if c not in OPTIMIZER]}
+            "shared": [(c, STUDY_LR, s, ()) for s in SHARED_SEEDS for c in CONDITIONS if c not in OPTIMIZER]}
 
 
 def main():
@@ -186,7 +187,7 @@ def main():
           flush=True)
     if args.part == "sweep":
         by_condition = lambda run: run[0]                        # noqa: E731  (a pick compares one condition's lrs)
-        while todo(sweep_grid(load("sweep")), "sweep", where, by_condition):   # then further lrs while a best is at edge
+        while todo(sweep_grid(load("sweep")), "sweep", where, by_condition):   # further lrs while a best is at edge
             go(sweep_grid(load("sweep")), "sweep", where, args.out, args.jobs, by_condition)
         for c, (best, ok) in picks(load("sweep")).items():
             print(f"{c}: lr {best:g}" + ("" if ok else " (at an edge)"))
