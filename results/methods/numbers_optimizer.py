@@ -206,7 +206,8 @@ def plot(path=FIGURE):
         right.plot(steps, [sum(next(e for e in r["evals"] if e["step"] == step)["zeta"][-1] for r in by[c].values())
                            / len(by[c]) for step in steps], **styles[c])
     left.set_xticks(range(1, len(mean) + 1))                                  # layers: whole numbers
-    left.set(xlabel=r"layer $\ell$", ylabel=r"mean $\Psi_\ell$ over seeds", title=r"$\Psi_\ell$ per layer")
+    left.set_yscale("log")                                    # Ψ_1 (the embedding's step) is ~10× the others
+    left.set(xlabel=r"layer $\ell$", ylabel=r"mean $\Psi_\ell$ over seeds (log)", title=r"$\Psi_\ell$ per layer")
     right.set(xlabel="step", ylabel=r"mean $\zeta_L$ (%)", title=r"$\zeta_L$ over training")
     for ax in (left, right):
         ax.grid(alpha=0.3)
