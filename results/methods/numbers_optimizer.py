@@ -194,6 +194,7 @@ def plot(path=FIGURE):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
     from lib.style import DPI, LABELS, legend, line_styles
     styles = line_styles(list(FOUR))
@@ -207,6 +208,9 @@ def plot(path=FIGURE):
                            / len(by[c]) for step in steps], **styles[c])
     left.set_xticks(range(1, len(mean) + 1))                                  # layers: whole numbers
     left.set_yscale("log")                                    # Ψ_1 (the embedding's step) is ~10× the others
+    left.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 3, 5)))
+    left.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))        # 0.02, not 2×10^-2
+    left.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     left.set(xlabel=r"layer $\ell$", ylabel=r"mean $\Psi_\ell$ over seeds (log)", title=r"$\Psi_\ell$ per layer")
     right.set(xlabel="step", ylabel=r"mean $\zeta_L$ (%)", title=r"$\zeta_L$ over training")
     for ax in (left, right):
