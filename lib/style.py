@@ -1,6 +1,6 @@
 """
 One palette and one line style for every figure of the project (lib/profiles.py's, results/numbers_reproduction.py's
-and results/methods/numbers_methods.py's): the baseline is always blue, JREG α = 1 orange and JREG α = 3 green, in
+and results/methods/numbers_*.py's): the baseline is always blue, JREG α = 1 orange and JREG α = 3 green, in
 whatever figure and under whatever run name (base, base_seed1, out/kjv/base, sft_base; jreg_a1, jreg, sft_jreg_a1);
 every other model or method takes the next of OTHERS, never one of those three. Several runs of one condition (seeds,
 fine-tuned copies) keep its hue and are told apart by shade, marker and line style. Figures are at most MAX_WIDTH
