@@ -301,12 +301,11 @@ def finding(short=False, part="table"):
     if not all(chosen[c][1] for c in RC.METHODS):
         return "Not yet: the lr sweep is under way (python results/methods/run_comparison.py sweep)."
     runs = RC.load("table")
-    seeds = RC.SEEDS
     if part == "shared":
         conditions, seeds = [c for c in RC.CONDITIONS if c not in RC.OPTIMIZER and c != "base"], RC.SHARED_SEEDS
         lrs, how = {c: RC.STUDY_LR for c in RC.CONDITIONS}, f"every condition at the study's lr {lr_text(RC.STUDY_LR)}"
     else:
-        conditions = [c for c in RC.METHODS if c != "base"]
+        conditions, seeds = [c for c in RC.METHODS if c != "base"], RC.SEEDS
         how = "every method at its own lr (chosen on held-out seeds)"
     rows = {c: pairs(runs, c, "base", lrs[c], lrs["base"], seeds)[0] for c in conditions}
     rows = {c: v for c, v in rows.items() if len(v) > 1}

@@ -153,7 +153,8 @@ def finding(short=False):
     own = ", ".join(f"{name} {NC.lr_text(lrs[c])}" for c, name in FOUR.items())
     return (f"Over {len(RC.SEEDS)} seeds, each condition at its own lr ({own}), the baseline's ζ_L is "
             f"{mean['base'][0]:.2f} ± {mean['base'][1]:.2f} under AdamW and {mean['muon'][0]:.2f} ± "
-            f"{mean['muon'][1]:.2f} under Muon (Muon − AdamW {NC.interval(d, 2)}, Holm-adjusted p={p['Muon − AdamW']:.3f}): {verdict}{moved}. With JREG, ζ_L "
+            f"{mean['muon'][1]:.2f} under Muon (Muon − AdamW {NC.interval(d, 2)}, Holm-adjusted "
+            f"p={p['Muon − AdamW']:.3f}): {verdict}{moved}. With JREG, ζ_L "
             f"is {mean['jreg_a1'][0]:.2f} under AdamW and {mean['muon_jreg'][0]:.2f} under Muon (0.00 in {zero} of "
             f"{len(by['muon_jreg'])} seeds; JREG − baseline under Muon Holm-adjusted p="
             f"{p['JREG − baseline, Muon']:.3f}), and Muon's baseline differs from AdamW's in validation loss by "
