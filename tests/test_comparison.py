@@ -109,7 +109,8 @@ def test_the_finding_names_a_cost_or_gain_only_where_it_survives_holm(folder, mo
           + [fake("jreg_a1", 3e-3, s, 1.5 + 0.01 * s + noise[::-1][s], zeta=0.0) for s in seeds])
     text = NC.finding()
     assert text.startswith("Over 10 seeds") and "JREG α = 1 ends with ζ_L = 0.00 in every seed" in text
-    assert "for JREG α = 1 after Holm" not in text and "sign-flip test) for LayerNorm Scaling, Mix-LN, JREG α = 1" in text
+    assert "for JREG α = 1 after Holm" not in text
+    assert "sign-flip test) for LayerNorm Scaling, Mix-LN, JREG α = 1" in text
     assert "LayerNorm Scaling costs more than the baseline after the correction (LayerNorm Scaling +0.0509" in text
     assert "none gain, and no difference is detected for Mix-LN -0.0003 [" in text
     short = NC.finding(short=True)
@@ -217,7 +218,7 @@ def test_the_optimizer_table_pairs_muon_with_adamw_and_follows_zeta_over_trainin
         "Over 6 seeds, each condition at its own lr (AdamW 3e-3, AdamW + JREG 3e-3, Muon 3e-3, Muon + JREG 3e-3), "
         "the baseline's ζ_L is 3.00 ± 0.00 under AdamW and 1.00 ± 0.00 "
         "under Muon (Muon − AdamW -2.00 [-2.00, -2.00], Holm-adjusted p=0.125): no difference in ζ_L between the "
-        "optimizers is detected, the largest step of layers 2..L at layer 3 under both.")
+        "optimizers is detected, the largest rise of the mean Ψ_ℓ over Ψ_{ℓ−1} (ℓ ≥ 3) at layer 3 under both.")
     assert "0.00 in 6 of 6 seeds" in NO.finding() and NO.readme().endswith("ends with ζ_L = 0.00 in 6 of 6 seeds.")
     assert NO.figure().startswith("![") and "(../results/methods/optimizer.png)" in NO.figure()
     from matplotlib.figure import Figure

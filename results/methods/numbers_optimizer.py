@@ -118,15 +118,23 @@ def mean_psi(by, c):
 
 
 def largest(by, c):
-    """The layer ℓ ≥ 2 whose mean Ψ_ℓ over the seeds is the largest (Ψ_1, the embedding's first step, left out)."""
+    """The layer ℓ ≥ 3 where the mean Ψ profile over the seeds rises most, Ψ_ℓ − Ψ_{ℓ−1}: where the jump is (ℓ = 2
+    left out: its rise is over Ψ_1, the embedding's first step)."""
     mean = mean_psi(by, c)
-    return max(range(2, len(mean) + 1), key=lambda layer: mean[layer - 1])
+    return max(range(3, len(mean) + 1), key=lambda layer: mean[layer - 1] - mean[layer - 2])
+
+
+def middle(by, c):
+    """The mean over layers 2..L−1 of the seeds' mean Ψ_ℓ: how far the stream moves through the middle layers."""
+    mean = mean_psi(by, c)
+    return sum(mean[1:-1]) / len(mean[1:-1])
 
 
 def finding(short=False):
-    """Two sentences from the table's runs: whether Muon removes, keeps or moves the baseline's jump (ζ_L under each
-    optimizer, the exact sign-flip test with Holm's correction across the four comparisons, and the layer of the largest
-    Ψ), and what JREG does under Muon; short: the README's one sentence."""
+    """Three sentences from the table's runs: whether Muon removes, keeps or moves the baseline's jump (ζ_L under each
+    optimizer, the exact sign-flip test with Holm's correction across the four comparisons, and the layer where the
+    mean Ψ rises most), what JREG does under Muon, and how far the stream moves through the middle layers; short: the
+    README's one."""
     by = complete()
     if by is None:
         return ("The study of AdamW and Muon, with and without JREG, is under way (results/methods/run_comparison.py)."
@@ -140,11 +148,16 @@ def finding(short=False):
     verdict = ("no difference in ζ_L between the optimizers is detected" if not held else
                "Muon removes the jump by itself" if d[0] < 0 and mean["muon"][0] < 0.1 * mean["base"][0] else
                "Muon shrinks the jump" if d[0] < 0 else "Muon enlarges the jump")
-    moved = (f", and the largest step of layers 2..L moves from layer {where['base']} to {where['muon']}"
-             if where["base"] != where["muon"] else f", the largest step of layers 2..L at layer {where['muon']} "
-             "under both")
+    moved = (f", and the largest rise of the mean Ψ_ℓ over Ψ_{{ℓ−1}} (ℓ ≥ 3) moves from layer {where['base']} to "
+             f"{where['muon']}" if where["base"] != where["muon"] else
+             f", the largest rise of the mean Ψ_ℓ over Ψ_{{ℓ−1}} (ℓ ≥ 3) at layer {where['muon']} under both")
     zero = sum(round(zeta(r["profile"]), 2) == 0 for r in by["muon_jreg"].values())
     lt = S.t_interval(diff("muon", "base", loss))
+    total = diff("muon", "base", NC.METRICS["psi_total"][2])
+    spread = (f" Muon's total Ψ (layers 2..L) differs from AdamW's by {NC.interval(S.t_interval(total), 4)} "
+              f"({NC.p_text(S.t_p(total))}), its mean Ψ_ℓ over layers 2..L−1 is "
+              f"{middle(by, 'muon'):.4f} against {middle(by, 'base'):.4f}: the stream moves "
+              f"{'more' if middle(by, 'muon') > middle(by, 'base') else 'less'} through the middle layers.")
     if short:
         return (f"Over {len(RC.SEEDS)} seeds at 300 steps, the baseline's ζ_L is {mean['base'][0]:.2f} under AdamW and "
                 f"{mean['muon'][0]:.2f} under Muon: {verdict}{moved}; JREG under Muon ends with ζ_L = 0.00 in {zero} "
@@ -158,7 +171,7 @@ def finding(short=False):
             f"is {mean['jreg_a1'][0]:.2f} under AdamW and {mean['muon_jreg'][0]:.2f} under Muon (0.00 in {zero} of "
             f"{len(by['muon_jreg'])} seeds; JREG − baseline under Muon Holm-adjusted p="
             f"{p['JREG − baseline, Muon']:.3f}), and Muon's baseline differs from AdamW's in validation loss by "
-            f"{NC.interval(lt, 4)} ({NC.p_text(S.t_p(diff('muon', 'base', loss)))}).")
+            f"{NC.interval(lt, 4)} ({NC.p_text(S.t_p(diff('muon', 'base', loss)))}).{spread}")
 
 
 def readme():
@@ -181,6 +194,7 @@ def plot(path=FIGURE):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
     from lib.style import DPI, LABELS, legend, line_styles
     styles = line_styles(list(FOUR))
@@ -193,7 +207,11 @@ def plot(path=FIGURE):
         right.plot(steps, [sum(next(e for e in r["evals"] if e["step"] == step)["zeta"][-1] for r in by[c].values())
                            / len(by[c]) for step in steps], **styles[c])
     left.set_xticks(range(1, len(mean) + 1))                                  # layers: whole numbers
-    left.set(xlabel=r"layer $\ell$", ylabel=r"mean $\Psi_\ell$ over seeds", title=r"$\Psi_\ell$ per layer")
+    left.set_yscale("log")                                    # Ψ_1 (the embedding's step) is ~10× the others
+    left.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 3, 5)))
+    left.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))        # 0.02, not 2×10^-2
+    left.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    left.set(xlabel=r"layer $\ell$", ylabel=r"mean $\Psi_\ell$ over seeds (log)", title=r"$\Psi_\ell$ per layer")
     right.set(xlabel="step", ylabel=r"mean $\zeta_L$ (%)", title=r"$\zeta_L$ over training")
     for ax in (left, right):
         ax.grid(alpha=0.3)
