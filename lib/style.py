@@ -104,6 +104,26 @@ def legend(fig, handles, labels, title=None, spare=None, axes=None):
     return leg                                                                                    # keep their height
 
 
+def psi_per_layer(ax):
+    """ax as a panel of Ψ per layer: its labels, and its y axis on a log scale ticked at 1, 2, 3 and 5 × 10^k in plain
+    numbers (0.02, not 2×10^-2), since Ψ_1 (the embedding's step) is about 10× the layers' above it and would flatten
+    them on a linear axis."""
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 3, 5)))
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set(xlabel=r"layer $\ell$", ylabel=r"mean $\Psi_\ell$ over seeds (log)", title=r"$\Psi_\ell$ per layer")
+
+
+def save(fig, path):
+    """fig written to path at DPI and closed (pyplot keeps every figure it made open until then); path."""
+    import matplotlib.pyplot as plt
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
 def pretty(name):
     """A model's name as a legend shows it: the last part of a path, a GGUF file by its model and quantisation."""
     import os

@@ -368,9 +368,9 @@ def plot(path=FIGURE):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator, NullFormatter
+    from matplotlib.ticker import MaxNLocator
     sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-    from lib.style import DPI, LABELS, MARKERS, legend, line_styles
+    from lib.style import LABELS, MARKERS, legend, line_styles, psi_per_layer, save
     shown = [c for c in NAMES if by.get(c)]
     colours = {c: style["color"] for c, style in line_styles(shown).items()}
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.8), layout="constrained",
@@ -383,11 +383,7 @@ def plot(path=FIGURE):
         m, lo, hi = S.bootstrap_interval([r["profile"]["zeta"][-1] for r in by[c].values()])
         right.errorbar([m], [i], xerr=[[m - lo], [hi - m]], fmt=MARKERS[i % len(MARKERS)], color=colours[c],
                        capsize=3)
-    left.set_yscale("log")                                    # Ψ_1 (the embedding's step) is ~10× the others
-    left.yaxis.set_major_locator(LogLocator(subs=(1, 2, 3, 5)))
-    left.yaxis.set_major_formatter(FormatStrFormatter("%g"))                # 0.02, not 2×10^-2
-    left.yaxis.set_minor_formatter(NullFormatter())
-    left.set(xlabel=r"layer $\ell$", ylabel=r"mean $\Psi_\ell$ over seeds (log)", title=r"$\Psi_\ell$ per layer")
+    psi_per_layer(left)
     right.set_yticks(range(len(shown)), [LABELS.get(c, NAMES[c]) for c in shown], fontsize=8.5)
     right.invert_yaxis()
     right.set(xlabel=r"$\zeta_L$ (%): mean, 95% bootstrap interval", title="final-layer jump rate")
@@ -396,9 +392,7 @@ def plot(path=FIGURE):
     for ax in (left, right):
         ax.grid(alpha=0.3)
     legend(fig, *left.get_legend_handles_labels())
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def figure():
