@@ -294,7 +294,7 @@ def readme():
 
 def finding(short=False, part="table"):
     """What the main table (part "table") or the second ("shared") says, in two sentences from its runs: ζ_L (which
-    methods end at 0.00 in every seed, whose difference from the baseline survives Holm's correction by the exact
+    methods end at 0.00 in every seed, which are below or above the baseline after Holm's correction of the exact
     sign-flip test) and validation loss (a cost or a gain named only where it survives the correction; otherwise no
     difference detected, with the interval; short: the names alone, for the README)."""
     lrs, chosen = own_lrs()
@@ -314,6 +314,8 @@ def finding(short=False, part="table"):
     diff = lambda c, m: [METRICS[m][2](a["profile"]) - METRICS[m][2](b["profile"]) for a, b in rows[c].values()]  # noqa
     zp = {c: S.sign_flip_p(diff(c, "zeta_L")) for c in rows}
     zeta_held = [c for c, a in zip(zp, S.holm(list(zp.values()))) if a < 0.05]
+    lower = [c for c in zeta_held if sum(diff(c, "zeta_L")) < 0]
+    higher = [c for c in zeta_held if c not in lower]
     lt = {c: (S.t_interval(diff(c, "val_loss")), S.t_p(diff(c, "val_loss"))) for c in rows}
     held = {c: a < 0.05 for c, a in zip(lt, S.holm([p for _, p in lt.values()]))}
     zero = [c for c in rows if all(round(a["profile"]["zeta"][-1], 2) == 0 for a, _ in rows[c].values())]
@@ -323,8 +325,9 @@ def finding(short=False, part="table"):
     better = [c for c in rows if held[c] and lt[c][0][0] < 0]
     n = min(len(v) for v in rows.values())
     return (f"Over {n} seeds, {how}: {named(zero)} "
-            f"{'ends' if len(zero) == 1 else 'end'} with ζ_L = 0.00 in every seed, and ζ_L differs from the "
-            f"baseline's after Holm's correction (the exact sign-flip test) for {named(zeta_held)}. In validation "
+            f"{'ends' if len(zero) == 1 else 'end'} with ζ_L = 0.00 in every seed, and ζ_L is below the "
+            f"baseline's after Holm's correction (the exact sign-flip test) for {named(lower)}"
+            + (f", above it for {named(higher)}" if higher else "") + ". In validation "
             f"loss, {named(worse)} {'costs' if len(worse) == 1 else 'cost'} more than the baseline after the correction"
             + (f" ({'; '.join(cell(c) for c in worse)})" if worse and not short else "")
             + f", {named(better)} {'gains' if len(better) == 1 else 'gain'}"
