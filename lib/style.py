@@ -1,6 +1,6 @@
 """
 One palette and one line style for every figure of the project (lib/profiles.py's, results/numbers_reproduction.py's
-and results/methods/numbers_methods.py's): the baseline is always blue, JREG α = 1 orange and JREG α = 3 green, in
+and results/methods/numbers_*.py's): the baseline is always blue, JREG α = 1 orange and JREG α = 3 green, in
 whatever figure and under whatever run name (base, base_seed1, out/kjv/base, sft_base; jreg_a1, jreg, sft_jreg_a1);
 every other model or method takes the next of OTHERS, never one of those three. Several runs of one condition (seeds,
 fine-tuned copies) keep its hue and are told apart by shade, marker and line style. Figures are at most MAX_WIDTH
@@ -102,6 +102,26 @@ def legend(fig, handles, labels, title=None, spare=None, axes=None):
         leg.remove()
     fig.set_figheight(fig.get_figheight() + leg.get_window_extent(renderer).height / fig.dpi + 0.05)  # the panels
     return leg                                                                                    # keep their height
+
+
+def psi_per_layer(ax):
+    """ax as a panel of Ψ per layer: its labels, and its y axis on a log scale ticked at 1, 2, 3 and 5 × 10^k in plain
+    numbers (0.02, not 2×10^-2), since Ψ_1 (the embedding's step) is about 10× the layers' above it and would flatten
+    them on a linear axis."""
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 3, 5)))
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set(xlabel=r"layer $\ell$", ylabel=r"mean $\Psi_\ell$ over seeds (log)", title=r"$\Psi_\ell$ per layer")
+
+
+def save(fig, path):
+    """fig written to path at DPI and closed (pyplot keeps every figure it made open until then); path."""
+    import matplotlib.pyplot as plt
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
 
 
 def pretty(name):

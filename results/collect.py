@@ -35,8 +35,7 @@ side of it) are accepted. Any other argument is one `error:` line and exit statu
 Each block is a function of the module for its page, which reads the committed files and says how:
 numbers_reproduction.py (the seed study, the 600-step runs, other CPUs, the quick start), numbers_finetuning.py,
 numbers_retrofit.py, numbers_layers.py (layer analyses and task scores), numbers_speed.py (results/speed/) and
-methods/numbers_methods.py and methods/numbers_comparison.py (the comparisons of docs/methods.md) and
-methods/numbers_optimizer.py (docs/optimizer.md).
+methods/numbers_comparison.py (the comparison of docs/methods.md) and methods/numbers_optimizer.py (docs/optimizer.md).
 """
 import ast
 import glob
@@ -54,12 +53,11 @@ import numbers_speed
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "methods"))
 import numbers_comparison  # noqa: E402
-import numbers_methods  # noqa: E402
 import numbers_optimizer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PAGES = (numbers_reproduction, numbers_finetuning, numbers_retrofit, numbers_layers, numbers_speed, numbers_methods,
-         numbers_comparison, numbers_optimizer)
+PAGES = (numbers_reproduction, numbers_finetuning, numbers_retrofit, numbers_layers, numbers_speed, numbers_comparison,
+         numbers_optimizer)
 MARKER = re.compile(r"(<!-- results/collect\.py: ([\w-]+) -->\n)((?:(?!<!-- )[\s\S])*?)(\n?<!-- end -->)")
 
 
@@ -91,8 +89,7 @@ PLACES = {
                        "kjv-tasks", "kjv-boolq", "kjv-lens", "kjv-lens-finding", "survey-table", "survey-finding"),
     "docs/methods.md": ("comparison-cost", "comparison-sweep", "comparison-finding", "comparison-table",
                         "comparison-figure", "comparison-shared", "comparison-shared-finding", "comparison-steps",
-                        "comparison-deep", "methods-finding", "methods-table", "methods-backout-readout",
-                        "methods-lr-finding", "methods-lr", "methods-lr-seeds"),
+                        "comparison-deep"),
     "docs/optimizer.md": ("optimizer-sweep", "optimizer-table", "optimizer-profile", "optimizer-over-time",
                           "optimizer-finding", "optimizer-figure"),
     "docs/reproduction.md": ("quickstart-time", "kjv-seeds", "kjv-paired", "kjv-finding", "kjv-alpha3", "kjv-runs",
@@ -361,7 +358,6 @@ def main(argv):
         print(f"wrote {LEDGER}: {len(lines)} numbers in the prose of {len(pages())} pages")
         return 0
     numbers_reproduction.plots(*numbers_reproduction.seed_study())
-    numbers_methods.plot()
     numbers_comparison.plot()
     numbers_optimizer.plot()
     print("\n\n".join(generated.values()))

@@ -27,7 +27,7 @@ the figure is shown):
 
 The colours, sizes and legends are lib/style.py's, shared with every other figure. Not drawn here:
 kjv/psi_profiles.png and kjv/zeta_over_training.png (results/collect.py draws them from the seed runs, with
-results/numbers_reproduction.py's plots) and results/methods/methods.png (results/methods/numbers_methods.py).
+results/numbers_reproduction.py's plots) and results/methods/{comparison,optimizer}.png (results/methods/numbers_*.py).
 """
 import argparse
 import functools

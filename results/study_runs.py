@@ -1,5 +1,5 @@
 """
-What the studies' run scripts share (results/kjv/run_seeds.py, results/methods/run_methods.py): a run is train.py
+What the studies' run scripts share (results/kjv/run_seeds.py, results/methods/run_comparison.py): a run is train.py
 then evaluate.py --profile in processes of their own, one thread each, and the result is one JSON file per run,
 written whole (a rerun goes on with the runs that have none).
 """

@@ -110,7 +110,8 @@ def test_the_finding_names_a_cost_or_gain_only_where_it_survives_holm(folder, mo
     text = NC.finding()
     assert text.startswith("Over 10 seeds") and "JREG α = 1 ends with ζ_L = 0.00 in every seed" in text
     assert "for JREG α = 1 after Holm" not in text
-    assert "sign-flip test) for LayerNorm Scaling, Mix-LN, JREG α = 1" in text
+    assert "is below the baseline's after Holm's correction (the exact sign-flip test) for LayerNorm Scaling, " \
+           "Mix-LN, JREG α = 1. In" in text
     assert "LayerNorm Scaling costs more than the baseline after the correction (LayerNorm Scaling +0.0509" in text
     assert "none gain, and no difference is detected for Mix-LN -0.0003 [" in text
     short = NC.finding(short=True)

@@ -2,7 +2,6 @@
 the plain pre-norm Llama to the last bit; on, each matches its paper's formula written here in a few lines of its
 own (its own RMSNorm, the blocks' weights); every path takes them (KV-cached generation, export or its refusal, DDP and
 FSDP on two processes, resume, evaluate.py's profile)."""
-import json
 import math
 import os
 import subprocess
@@ -178,83 +177,6 @@ def test_every_method_on_two_processes_matches_one_and_resumes(data_dir, tmp_pat
         done = subprocess.run([sys.executable, "evaluate.py", str(tmp_path / "one"), "--profile", "--out", str(out)],
                               capture_output=True, text=True, cwd=HERE, timeout=300)
         assert done.returncode == 0 and out.exists(), done.stderr[-2000:]
-
-
-def test_the_comparisons_p_values_intervals_and_holm(tmp_path, monkeypatch):
-    """The study's table (results/methods/numbers_methods.py): the paired t test's two-sided p at the 95% points of the
-    t distribution is 0.05; Holm's adjustment by hand; on synthetic runs a clear difference survives the correction, a
-    noisy one does not, and runs of another machine are left out and counted."""
-    sys.path.insert(0, os.path.join(HERE, "results", "methods"))
-    import numbers_methods as N
-    for df, t in ((4, 2.7764451), (1, 12.706205), (9, 2.2621572)):
-        n = df + 1
-        diff = [t / math.sqrt(n) + e for e in ([1, -1] * n)[:n]]        # mean t/√n, made to sd 1 below
-        m, sd = sum(diff) / n, math.sqrt(sum((d - sum(diff) / n) ** 2 for d in diff) / df)
-        diff = [(d - m) / sd + t / math.sqrt(n) for d in diff]
-        assert N.t_p(diff) == pytest.approx(0.05, abs=1e-5), df
-    assert N.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    monkeypatch.setattr(N, "HERE", str(tmp_path))
-
-    def write(condition, seed, zeta, cpu="X"):
-        profile = {"loss": 1.0 + 0.01 * seed, "zeta": [0.0, zeta], "psi": [0.1, 0.2, 0.3], "logit_lens_loss": [3] * 6,
-                   "skip_block_loss_increase": [0.1, 0.2], "n_tokens": 32768, "analysis_tokens": 4096}
-        (runs / f"{condition}_{cpu}_seed{seed}.json").write_text(json.dumps(
-            {"condition": condition, "seed": seed, "machine": {"cpu": cpu, "commit": "c"}, "profile": profile,
-             "seconds_per_step": 1.0, "last_step": {"step": 300}}))
-    for s in range(5):
-        write("base", s, 3.0 + 0.1 * s)
-        write("lns", s, 0.1 * s)                                      # ζ_L 3 lower, every seed
-        write("periln", s, 3.0 + 0.1 * s + (2 if s % 2 else -2.1))    # noise
-    write("mixln", 0, 9.0, cpu="Y")                                    # another machine
-    table = N.comparison()
-    lns = next(line for line in table.splitlines() if line.startswith("| LayerNorm Scaling"))
-    peri = next(line for line in table.splitlines() if line.startswith("| Peri-LN"))
-    assert "-3.00 [-3.00, -3.00] p<0.001*" in lns and "*" not in peri.split("|")[4]
-    assert "1 runs from another machine or commit left out" in table and "Mix-LN (0 of 5)" in table
-    assert "The steps of the 15 runs add up to 75 min" in table                  # 15 runs × 300 steps × 1 s
-
-
-def test_the_learning_rate_check_marks_each_methods_best_and_checks_the_study(tmp_path, monkeypatch):
-    """The learning-rate check (run_methods.py --lr_check, numbers_methods.lr_check/lr_finding): each row's lowest loss
-    is marked, a method whose best lr is not the study's is named with its lr, each best is set against the baseline's
-    best, and the runs at the study's lr are compared with the study's own seed-1337 runs (equal, or by how much
-    not); a method at its own lr over seeds is paired with the study's baseline."""
-    sys.path.insert(0, os.path.join(HERE, "results", "methods"))
-    import numbers_methods as N
-    monkeypatch.setattr(N, "HERE", str(tmp_path))
-    (tmp_path / "runs").mkdir()
-    (tmp_path / "lr_runs").mkdir()
-
-    def write(folder, condition, loss, lr=None, seed=1337):
-        run = {"condition": condition, "seed": seed, "lr": lr, "machine": {"cpu": "X", "commit": "c"},
-               "profile": {"loss": loss, "zeta": [0.0, 1.0], "psi": [0.1, 0.2], "logit_lens_loss": [3] * 6,
-                           "skip_block_loss_increase": [0.1, 0.2], "n_tokens": 32768, "analysis_tokens": 4096},
-               "seconds_per_step": 1.0, "last_step": {"step": 300}}
-        (tmp_path / folder / f"{condition}_{lr}_seed{seed}.json").write_text(json.dumps(run))
-    for c, losses in {"base": (1.50, 1.45, 1.47), "periln": (1.80, 1.70, 1.52)}.items():
-        for lr, loss in zip((1.5e-3, 3e-3, 6e-3), losses):
-            write("lr_runs", c, loss, lr)
-        write("runs", c, losses[1])
-    table, finding = N.lr_check(), N.lr_finding()
-    assert "| baseline | 1.5000 (1.00) | **1.4500** (1.00) | 1.4700 (1.00) |" in table
-    assert "| Peri-LN | 1.8000 (1.00) | 1.7000 (1.00) | **1.5200** (1.00) |" in table
-    assert "the 2 runs give the study's seed-1337 numbers to the last digit" in table
-    assert "best of those run for baseline; Peri-LN does best at 6e-3 (the best at the edge" in finding
-    assert "further out: Peri-LN at the highest)" in finding
-    assert "Peri-LN +0.0700" in finding and "No method at an lr of its own" in N.lr_seeds()
-    for seed, (base, peri) in enumerate(((1.46, 1.50), (1.44, 1.49), (1.47, 1.52), (1.45, 1.50)), start=1):
-        write("runs", "base", base, seed=seed)                      # the other seeds: Peri-LN at 6e-3 costs 0.04-0.07
-        write("lr_runs", "periln", peri, 6e-3, seed=seed)
-    seeds = N.lr_seeds().splitlines()[2]
-    assert "Over seeds 1, 2, 3, 4, 1337, Peri-LN at lr 6e-3 − the baseline at 3e-3: validation loss +0.0520" in \
-        N.lr_finding()
-    by_hand = "| Peri-LN at lr 6e-3 | 1, 2, 3, 4, 1337 | +0.0520 [+0.0384, +0.0656] p<0.001* |"   # 2.776 · 0.011 / √5
-    assert seeds.startswith(by_hand)
-    assert "| baseline | 1.5000 (1.00) |" in N.lr_check()           # the lr table stays seed 1337's
-    write("runs", "periln", 1.7001)                                 # the study's run differs: said, with how much
-    assert "differ from the study's seed-1337 runs by up to 0.0001" in N.lr_check()
 
 
 @pytest.mark.parametrize("name", ["plain", *METHODS])

@@ -7,7 +7,6 @@ and its legend inside or below the panels; every committed PNG is shown by the d
 size it is drawn now. CPU, offline, about half a minute."""
 import glob
 import importlib.util
-import json
 import os
 import re
 import subprocess
@@ -27,7 +26,6 @@ EXPECTED = {"kjv": [LENS, ZETA], "kjv/600_steps": [PSI], "smollm2": [PSI, LENS],
             "layers/kjv": [LENS, EXIT], "layers/survey": [PSI, ZETA], "retrofit": [PSI, LENS, ZETA, EXIT],
             "sft_kjv/kjv": [PSI], "sft_kjv/chat": [PSI, LENS]}
 ELSEWHERE = {"kjv/psi_profiles.png", "kjv/zeta_over_training.png",   # results/collect.py's, from the seed runs
-             "methods/methods.png",                                  # results/methods/numbers_methods.py's
              "methods/comparison.png",                               # numbers_comparison.py's (tests/test_comparison.py)
              "methods/optimizer.png"}                                # numbers_optimizer.py's (tests/test_comparison.py)
 
@@ -113,29 +111,25 @@ def test_older_results_get_the_majority_rate_of_their_documents(drawn):
 @pytest.fixture(scope="module")
 def others(tmp_path_factory):
     """{name: Figure} of the figures drawn outside results/plots.py: results/collect.py's two of the seed study (from
-    the committed seed runs) and the methods comparison of numbers_methods.plot (on synthetic runs of all 8
-    conditions: its runs are not committed), written into a temporary folder."""
-    import numbers_methods
+    the committed seed runs) and the methods comparison of numbers_comparison.plot (on synthetic runs of all 8
+    methods, 3 seeds each), written into a temporary folder."""
+    import numbers_comparison
     import numbers_reproduction
+    import run_comparison
     from matplotlib.figure import Figure
     out, figs, save = tmp_path_factory.mktemp("others"), {}, Figure.savefig
     study = numbers_reproduction.seed_study()
-    runs = out / "runs"
-    runs.mkdir()
-    for i, condition in enumerate(numbers_methods.CONDITIONS):
-        for seed in range(3):
-            psi = [0.2, 0.03, 0.02 + 0.001 * i, 0.05 - 0.004 * i + 0.001 * seed]
-            (runs / f"{condition}_seed{seed}.json").write_text(json.dumps(
-                {"condition": condition, "seed": seed, "machine": {"cpu": "X", "commit": "c"},
-                 "profile": {"psi": psi, "zeta": [0.0, 0.0, max(0.0, 3.0 - 0.5 * i + 0.2 * seed)]}}))
+    by = {c: {seed: {"profile": {"psi": [0.2, 0.03, 0.02 + 0.001 * i, 0.05 - 0.004 * i + 0.001 * seed],
+                                 "zeta": [0.0, 0.0, max(0.0, 3.0 - 0.5 * i + 0.2 * seed)]}} for seed in range(3)}
+          for i, c in enumerate(run_comparison.METHODS)}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Figure, "savefig", lambda fig, path, **kw: figs.update({os.path.basename(path): fig}) or
                    save(fig, path, **kw))
         mp.setattr(numbers_reproduction, "KJV", str(out))
-        mp.setattr(numbers_methods, "HERE", str(out))
+        mp.setattr(numbers_comparison, "main_runs", lambda: by)
         numbers_reproduction.plots(*study)
-        numbers_methods.plot(str(out / "methods.png"))
-    assert sorted(figs) == ["methods.png", "psi_profiles.png", "zeta_over_training.png"]
+        numbers_comparison.plot(str(out / "comparison.png"))
+    assert sorted(figs) == ["comparison.png", "psi_profiles.png", "zeta_over_training.png"]
     return figs
 
 
@@ -156,7 +150,7 @@ def test_one_palette_and_one_layout_in_every_figure(drawn, others):
     hues = {c: {shade(colour, k) for k in range(5)} for c, colour in COLOURS.items()}
     taken = set().union(*hues.values())
     categories = "'final-layer jump rate': y ticks"                 # the methods' names, not numbers
-    assert [p for p in plot_problems(others["methods.png"]) if not p.startswith(categories)] == []
+    assert [p for p in plot_problems(others["comparison.png"]) if not p.startswith(categories)] == []
     seen = set()
     for name, fig in figs.items():
         fig.canvas.draw()
@@ -182,7 +176,7 @@ def test_one_palette_and_one_layout_in_every_figure(drawn, others):
         assert all(ax.get_title().count("\n") <= 1 for ax in fig.axes), name
     for name, c in (("kjv/layer_analysis.png", "jreg_a3"), ("retrofit/psi_profiles.png", "base"),
                     ("retrofit/psi_profiles.png", "jreg_a1"), ("layers/survey/zeta_over_checkpoints.png", "base"),
-                    ("others/methods.png", "base"), ("others/methods.png", "jreg_a1"),
+                    ("others/comparison.png", "base"), ("others/comparison.png", "jreg_a1"),
                     ("others/psi_profiles.png", "jreg_a3"), ("sft_kjv/chat/layer_analysis.png", "jreg_a1")):
         assert (name, c) in seen, (name, c)                         # the check above saw them
     # seeds of one condition: another shade, another marker and another line style, not the line style alone

@@ -144,7 +144,7 @@ def test_an_unknown_argument_is_refused_and_nothing_is_written(argv, tmp_path, m
     copy_pages(tmp_path, monkeypatch)
     drawn = []
     monkeypatch.setattr(collect.numbers_reproduction, "plots", lambda *a: drawn.append("seed study"))
-    monkeypatch.setattr(collect.numbers_methods, "plot", lambda *a: drawn.append("methods"))
+    monkeypatch.setattr(collect.numbers_comparison, "plot", lambda *a: drawn.append("comparison"))
     generated = collect.blocks()
     readme = (tmp_path / "README.md").read_text()
     (tmp_path / "README.md").write_text(readme.replace(generated["kjv-seeds"],

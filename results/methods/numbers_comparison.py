@@ -280,31 +280,21 @@ def steps():
 
 
 def readme():
-    """The README's two sentences: what the comparison says so far, from the main table when it is complete, else from
-    the first comparison (numbers_methods), and what is under way."""
+    """The README's two sentences: what the main table says once it is complete, else what is under way."""
     lrs, chosen = own_lrs()
     runs = RC.load("table")
     done = all(chosen[c][1] for c in RC.METHODS) and all(RC.name(c, lrs[c], s) in runs for c in RC.METHODS
                                                         for s in RC.SEEDS)
     if done:
         return finding(short=True)
-    import numbers_methods as first
-    by, _ = first.runs()
-    zeta, loss = first.METRICS["zeta_L"][2], first.METRICS["val_loss"][2]
-    zero = [c for c in first.CONDITIONS if by[c] and all(round(zeta(r), 2) == 0 for r in by[c].values())]
-    d = first.differences(by, loss)
-    worse = [first.CONDITIONS[c] for c in d if d[c][2] < 0.05 and d[c][0][0] > 0]
-    better = [first.CONDITIONS[c] for c in d if d[c][2] < 0.05 and d[c][0][0] < 0]
-    return (f"In a first comparison ({len(by['base'])} seeds, every method at one lr, today's variants) only "
-            f"{' and '.join(first.CONDITIONS[c] for c in zero) or 'no method'} ends with ζ_L = 0.00 in every seed, and "
-            f"in validation loss {', '.join(worse) or 'no method'} cost more than the noise after Holm's correction "
-            f"while {', '.join(better) or 'none'} gains. The full comparison (each method as its authors run it, its "
-            f"lr chosen on held-out seeds, {len(RC.SEEDS)} seeds) is under way.")
+    have = sum(RC.name(c, lrs[c], s) in runs for c in RC.METHODS for s in RC.SEEDS)
+    return (f"The comparison (each method as its authors run it, its lr chosen on held-out seeds, {len(RC.SEEDS)} "
+            f"seeds) is under way: {have} of its {len(RC.METHODS) * len(RC.SEEDS)} runs are in.")
 
 
 def finding(short=False, part="table"):
     """What the main table (part "table") or the second ("shared") says, in two sentences from its runs: ζ_L (which
-    methods end at 0.00 in every seed, whose difference from the baseline survives Holm's correction by the exact
+    methods end at 0.00 in every seed, which are below or above the baseline after Holm's correction of the exact
     sign-flip test) and validation loss (a cost or a gain named only where it survives the correction; otherwise no
     difference detected, with the interval; short: the names alone, for the README)."""
     lrs, chosen = own_lrs()
@@ -324,6 +314,8 @@ def finding(short=False, part="table"):
     diff = lambda c, m: [METRICS[m][2](a["profile"]) - METRICS[m][2](b["profile"]) for a, b in rows[c].values()]  # noqa
     zp = {c: S.sign_flip_p(diff(c, "zeta_L")) for c in rows}
     zeta_held = [c for c, a in zip(zp, S.holm(list(zp.values()))) if a < 0.05]
+    lower = [c for c in zeta_held if sum(diff(c, "zeta_L")) < 0]
+    higher = [c for c in zeta_held if c not in lower]
     lt = {c: (S.t_interval(diff(c, "val_loss")), S.t_p(diff(c, "val_loss"))) for c in rows}
     held = {c: a < 0.05 for c, a in zip(lt, S.holm([p for _, p in lt.values()]))}
     zero = [c for c in rows if all(round(a["profile"]["zeta"][-1], 2) == 0 for a, _ in rows[c].values())]
@@ -333,8 +325,9 @@ def finding(short=False, part="table"):
     better = [c for c in rows if held[c] and lt[c][0][0] < 0]
     n = min(len(v) for v in rows.values())
     return (f"Over {n} seeds, {how}: {named(zero)} "
-            f"{'ends' if len(zero) == 1 else 'end'} with ζ_L = 0.00 in every seed, and ζ_L differs from the "
-            f"baseline's after Holm's correction (the exact sign-flip test) for {named(zeta_held)}. In validation "
+            f"{'ends' if len(zero) == 1 else 'end'} with ζ_L = 0.00 in every seed, and ζ_L is below the "
+            f"baseline's after Holm's correction (the exact sign-flip test) for {named(lower)}"
+            + (f", above it for {named(higher)}" if higher else "") + ". In validation "
             f"loss, {named(worse)} {'costs' if len(worse) == 1 else 'cost'} more than the baseline after the correction"
             + (f" ({'; '.join(cell(c) for c in worse)})" if worse and not short else "")
             + f", {named(better)} {'gains' if len(better) == 1 else 'gain'}"
@@ -368,13 +361,41 @@ def main_runs():
 
 
 def plot(path=FIGURE):
-    """results/methods/comparison.png: the main table's mean Ψ profiles and ζ_L per method with a bootstrap interval
-    (numbers_methods.plot's drawing), once every run of it is in."""
+    """results/methods/comparison.png, once every run of the main table is in: the mean Ψ profile of every method in
+    one panel, and ζ_L with its 95% bootstrap interval per method, in lib/style.py's colours (the baseline blue and JREG
+    α = 1 orange, as in every figure; each other method a colour and a marker of its own) and layout (the legend below
+    the panels)."""
     by = main_runs()
     if by is None:
         return None
-    import numbers_methods
-    return numbers_methods.plot(path, by, NAMES, S.bootstrap_interval, "95% bootstrap interval")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+    from lib.style import LABELS, MARKERS, legend, line_styles, psi_per_layer, save
+    shown = [c for c in NAMES if by.get(c)]
+    colours = {c: style["color"] for c, style in line_styles(shown).items()}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.8), layout="constrained",
+                                      gridspec_kw={"width_ratios": [3, 2]})
+    for i, c in enumerate(shown):
+        profiles = [r["profile"]["psi"] for r in by[c].values()]
+        mean = [sum(col) / len(col) for col in zip(*profiles)]
+        left.plot(range(1, len(mean) + 1), mean, marker=MARKERS[i % len(MARKERS)], ms=4, color=colours[c],
+                  label=f"{LABELS.get(c, NAMES[c])} ({len(profiles)} seeds)")
+        m, lo, hi = S.bootstrap_interval([r["profile"]["zeta"][-1] for r in by[c].values()])
+        right.errorbar([m], [i], xerr=[[m - lo], [hi - m]], fmt=MARKERS[i % len(MARKERS)], color=colours[c],
+                       capsize=3)
+    psi_per_layer(left)
+    right.set_yticks(range(len(shown)), [LABELS.get(c, NAMES[c]) for c in shown], fontsize=8.5)
+    right.invert_yaxis()
+    right.set(xlabel=r"$\zeta_L$ (%): mean, 95% bootstrap interval", title="final-layer jump rate")
+    for axis in (left.xaxis, right.xaxis):                         # layers; ζ_L in whole percent
+        axis.set_major_locator(MaxNLocator(integer=True))
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    legend(fig, *left.get_legend_handles_labels())
+    return save(fig, path)
 
 
 def figure():

@@ -194,9 +194,8 @@ def plot(path=FIGURE):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
     sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-    from lib.style import DPI, LABELS, legend, line_styles
+    from lib.style import LABELS, legend, line_styles, psi_per_layer, save
     styles = line_styles(list(FOUR))
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.8), layout="constrained")
     for c, name in FOUR.items():
@@ -207,18 +206,12 @@ def plot(path=FIGURE):
         right.plot(steps, [sum(next(e for e in r["evals"] if e["step"] == step)["zeta"][-1] for r in by[c].values())
                            / len(by[c]) for step in steps], **styles[c])
     left.set_xticks(range(1, len(mean) + 1))                                  # layers: whole numbers
-    left.set_yscale("log")                                    # Ψ_1 (the embedding's step) is ~10× the others
-    left.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 3, 5)))
-    left.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))        # 0.02, not 2×10^-2
-    left.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    left.set(xlabel=r"layer $\ell$", ylabel=r"mean $\Psi_\ell$ over seeds (log)", title=r"$\Psi_\ell$ per layer")
+    psi_per_layer(left)
     right.set(xlabel="step", ylabel=r"mean $\zeta_L$ (%)", title=r"$\zeta_L$ over training")
     for ax in (left, right):
         ax.grid(alpha=0.3)
     legend(fig, *left.get_legend_handles_labels())
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 BLOCKS = {"optimizer-sweep": sweep, "optimizer-table": table, "optimizer-profile": profile,

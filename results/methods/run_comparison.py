@@ -50,7 +50,7 @@ SWEEP_LRS = [STUDY_LR / 2, STUDY_LR, STUDY_LR * 2]
 SWEEP_SEEDS = [1001, 1002]                                     # held out: no table uses them
 SEEDS = [1337, 1, 2, 3, 4, 5, 6, 7, 8, 9]
 DEEP, DEEP_LAYERS, DEEP_SEEDS = ["base", "jreg_a1"], 16, SEEDS[:5]   # + the two methods nearest JREG (--deep_methods)
-SHARED_SEEDS = SEEDS[:5]                                       # the second table's: the first comparison's five
+SHARED_SEEDS = SEEDS[:5]                                       # the second table's
 DEEP_SETTINGS = {"backout": ("--backout_layer=12",), "backout_half": ("--backout_layer=8",)}   # k kept at 3L/4, L/2
 
 
