@@ -320,7 +320,7 @@ def finding(short=False, part="table"):
     held = {c: a < 0.05 for c, a in zip(lt, S.holm([p for _, p in lt.values()]))}
     zero = [c for c in rows if all(round(a["profile"]["zeta"][-1], 2) == 0 for a, _ in rows[c].values())]
     named = lambda cs: ", ".join(NAMES[c] for c in cs) or "none"                          # noqa: E731
-    cell = lambda c: NAMES[c] if short else f"{NAMES[c]} {interval(lt[c][0], 4)} ({p_text(lt[c][1])})"   # noqa
+    cell = lambda c: NAMES[c] if short else f"{NAMES[c]} {interval(lt[c][0], 4)}, {p_text(lt[c][1])}"   # noqa
     worse = [c for c in rows if held[c] and lt[c][0][0] > 0]
     better = [c for c in rows if held[c] and lt[c][0][0] < 0]
     n = min(len(v) for v in rows.values())
