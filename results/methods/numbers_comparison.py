@@ -149,7 +149,7 @@ def comparison(runs, conditions, lrs, base_lr, seeds, title):
     lines = [f"| {title} | lr | seeds | " + " | ".join(label for label, *_ in METRICS.values()) + " |",
              "|---" * (len(METRICS) + 3) + "|",
              f"| baseline (mean ± sd) | {lr_text(base_lr)} | {len(base)} | " + " | ".join(
-                 "{:.{d}f} ± {:.{d}f}".format(*S.mean_sd([f(r["profile"]) for r in base]), d=d)
+                 "{:.{d}f} ± {:.{d}f}".format(*S.mean_sd([f(r["profile"]) for r in base]), d=d).removesuffix(" ± nan")
                  for _, d, f, _ in METRICS.values()) + " |"]
     for c, v in rows.items():
         lines.append(f"| {NAMES[c]} | {lr_text(lrs[c])} | {len(v)} | " + " | ".join(
@@ -221,8 +221,8 @@ def deep():
     text, power_line, n, apart, family, tokens = out
     return text + "\n\n" + (
         f"At {RC.DEEP_LAYERS} layers (the same width, data and steps), each condition at its 8-layer lr (the held-out "
-        "sweep's pick; not chosen again at this depth), Backout's k kept at 3L/4. " + depth(runs, conditions, lrs)
-        + " " + note(power_line, n, apart, family, "", tokens))
+        "sweep's pick; not chosen again at this depth), Backout's k kept at 3L/4. " + (depth(runs, conditions, lrs)
+        + " ").lstrip() + note(power_line, n, apart, family, "", tokens))
 
 
 def depth(runs, conditions, lrs):
