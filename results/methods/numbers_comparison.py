@@ -61,6 +61,12 @@ def interval(t, digits):
     return f"{t[0]:+.{digits}f} [{t[1]:+.{digits}f}, {t[2]:+.{digits}f}]"
 
 
+def mean_sd(values, digits):
+    """The values' mean ± their sd; the mean alone for one value (no sd)."""
+    m, sd = S.mean_sd(values)
+    return f"{m:.{digits}f}" + (f" ± {sd:.{digits}f}" if len(values) > 1 else "")
+
+
 def p_text(p):
     return "p<0.001" if p < 0.001 else f"p={p:.3f}"
 
@@ -149,8 +155,7 @@ def comparison(runs, conditions, lrs, base_lr, seeds, title):
     lines = [f"| {title} | lr | seeds | " + " | ".join(label for label, *_ in METRICS.values()) + " |",
              "|---" * (len(METRICS) + 3) + "|",
              f"| baseline (mean ± sd) | {lr_text(base_lr)} | {len(base)} | " + " | ".join(
-                 "{:.{d}f} ± {:.{d}f}".format(*S.mean_sd([f(r["profile"]) for r in base]), d=d).removesuffix(" ± nan")
-                 for _, d, f, _ in METRICS.values()) + " |"]
+                 mean_sd([f(r["profile"]) for r in base], d) for _, d, f, _ in METRICS.values()) + " |"]
     for c, v in rows.items():
         lines.append(f"| {NAMES[c]} | {lr_text(lrs[c])} | {len(v)} | " + " | ".join(
             texts.get((c, m), "") for m in METRICS) + " |")
@@ -219,10 +224,11 @@ def deep():
     if out is None:
         return "No runs yet: python results/methods/run_comparison.py deep."
     text, power_line, n, apart, family, tokens = out
+    grown = depth(runs, conditions, lrs)                       # "" until two seeds are in at both depths
     return text + "\n\n" + (
         f"At {RC.DEEP_LAYERS} layers (the same width, data and steps), each condition at its 8-layer lr (the held-out "
-        "sweep's pick; not chosen again at this depth), Backout's k kept at 3L/4. " + (depth(runs, conditions, lrs)
-        + " ").lstrip() + note(power_line, n, apart, family, "", tokens))
+        "sweep's pick; not chosen again at this depth), Backout's k kept at 3L/4. " + (grown + " " if grown else "")
+        + note(power_line, n, apart, family, "", tokens))
 
 
 def depth(runs, conditions, lrs):

@@ -58,8 +58,7 @@ def table():
     lines = ["| condition | lr | seeds " + head, "|---" * (len(NC.METRICS) + 3) + "|"]
     for c, name in FOUR.items():
         lines.append(f"| {name} (mean ± sd) | {lrs[c]} | {len(by[c])} | " + " | ".join(
-            "{:.{d}f} ± {:.{d}f}".format(*S.mean_sd([f(r["profile"]) for r in by[c].values()]), d=d)
-            for _, d, f, _ in NC.METRICS.values()) + " |")
+            NC.mean_sd([f(r["profile"]) for r in by[c].values()], d) for _, d, f, _ in NC.METRICS.values()) + " |")
     lines += ["| paired difference | lrs | seeds " + head, "|---" * (len(NC.METRICS) + 3) + "|"]
     for label, v in rows.items():
         a, b = COMPARED[label]
@@ -154,10 +153,11 @@ def finding(short=False):
     zero = sum(round(zeta(r["profile"]), 2) == 0 for r in by["muon_jreg"].values())
     lt = S.t_interval(diff("muon", "base", loss))
     total = diff("muon", "base", NC.METRICS["psi_total"][2])
+    mid = {c: middle(by, c) for c in ("base", "muon")}
     spread = (f" Muon's total Ψ (layers 2..L) differs from AdamW's by {NC.interval(S.t_interval(total), 4)} "
-              f"({NC.p_text(S.t_p(total))}), its mean Ψ_ℓ over layers 2..L−1 is "
-              f"{middle(by, 'muon'):.4f} against {middle(by, 'base'):.4f}: the stream moves "
-              f"{'more' if middle(by, 'muon') > middle(by, 'base') else 'less'} through the middle layers.")
+              f"({NC.p_text(S.t_p(total))}), its mean Ψ_ℓ over layers 2..L−1 is {mid['muon']:.4f} against "
+              f"{mid['base']:.4f}: the stream moves {'more' if mid['muon'] > mid['base'] else 'less'} through the "
+              "middle layers.")
     if short:
         return (f"Over {len(RC.SEEDS)} seeds at 300 steps, the baseline's ζ_L is {mean['base'][0]:.2f} under AdamW and "
                 f"{mean['muon'][0]:.2f} under Muon: {verdict}{moved}; JREG under Muon ends with ζ_L = 0.00 in {zero} "

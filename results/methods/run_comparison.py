@@ -16,8 +16,9 @@ but Muon's (OPTIMIZER), the variants too, at the study's lr on SHARED_SEEDS (the
 16-layer check before the second table. Runs go seed by seed (a seed's conditions together), two at a time, one
 thread each; each is train.py then evaluate.py --profile (study_runs.py), written to
 results/methods/<folder>/CONDITION_lrLR_seedN.json with the machine: its CPU, torch, commit and `arithmetic`, the
-losses of a fixed 2-step run (so the comparison pairs only runs computed with one arithmetic). A rerun goes on where it stopped; a seed whose runs are half done on another arithmetic
-is run again whole here. Needs data/kjv_bytes (quickstart.sh).
+losses of a fixed 2-step run (so the comparison pairs only runs computed with one arithmetic). A rerun goes on where
+it stopped; a seed whose runs are half done on another arithmetic is run again whole here. Needs data/kjv_bytes
+(quickstart.sh).
 """
 import argparse
 import hashlib
