@@ -159,6 +159,20 @@ def test_the_deep_check_says_whether_the_jump_grows_and_each_difference_keeps_it
             "ζ_L -2.00 → +1.00; LayerNorm Scaling's val loss +0.0200 → -0.0200.") in text
 
 
+def test_a_table_with_one_seed_in_shows_its_differences_and_what_is_still_to_run(folder, monkeypatch):
+    """While the 16-layer check has one seed in: each cell is that seed's difference (no test, no power line yet),
+    and the note counts the runs still to go."""
+    monkeypatch.setattr(RC, "SWEPT", ["base", "jreg_a1"])
+    monkeypatch.setattr(RC, "METHODS", RC.SWEPT)
+    monkeypatch.setattr(RC, "CONDITIONS", {c: f"configs/{c}.py" for c in RC.SWEPT})
+    write(folder, "sweep", [fake(c, lr, s, loss) for s in RC.SWEEP_SEEDS for c in RC.SWEPT
+                            for lr, loss in zip(RC.SWEEP_LRS, (1.6, 1.5, 1.55))])
+    write(folder, "deep", [fake("base", 3e-3, 1337, 1.5, zeta=2.0), fake("jreg_a1", 3e-3, 1337, 1.49, zeta=0.0)])
+    text = NC.deep()
+    assert "| JREG α = 1 | 3e-3 | 1 | -0.0100 (one seed) | -2.00 (one seed) |" in text
+    assert "80% power" not in text and "Not yet run: 8 runs." in text
+
+
 def test_the_study_says_its_cpu_time_and_the_second_table_its_finding(folder, monkeypatch):
     monkeypatch.setattr(RC, "SEEDS", list(range(4)))
     monkeypatch.setattr(RC, "SHARED_SEEDS", list(range(4)))

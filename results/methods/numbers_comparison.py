@@ -124,6 +124,8 @@ def cells(rows):
         tested = {}
         for c, by_seed in rows.items():
             diff = [f(a["profile"]) - f(b["profile"]) for a, b in by_seed.values()]
+            if len(diff) == 1:                                  # one seed in: its difference, no test yet
+                out[c, m] = f"{diff[0]:+.{digits}f} (one seed)"
             if len(diff) < 2:
                 continue
             if test == "sign-flip":
@@ -174,11 +176,11 @@ def note(power_line, n, apart, family, missing, tokens):
         "t interval (n − 1 degrees of freedom; results/stats.py, scipy.stats). * marks a difference that survives "
         f"Holm's correction at 0.05 within its column: the family is one metric's {family} comparisons with the "
         f"baseline. ζ_L, Ψ_L and total Ψ (layers 2..L) are evaluate.py's profile on the first {tokens[0]:,} "
-        f"validation tokens, the loss increase when block L is skipped and the logit lens on its first {tokens[1]:,}. "
-        f"The smallest difference the paired t test detects with 80% power at {n} seeds, from the median over the "
-        f"methods of the sd of their differences, at 0.05 (and at 0.05/{family}, Holm's first step): {power_line}; "
-        "smaller differences may exist unseen, and a cell without * says no difference was detected, not that there "
-        "is none."
+        f"validation tokens, the loss increase when block L is skipped and the logit lens on its first {tokens[1]:,}."
+        + (f" The smallest difference the paired t test detects with 80% power at {n} seeds, from the median over the "
+           f"methods of the sd of their differences, at 0.05 (and at 0.05/{family}, Holm's first step): {power_line}; "
+           "smaller differences may exist unseen, and a cell without * says no difference was detected, not that "
+           "there is none." if power_line else "")
         + (f" Seeds left out for a differing arithmetic: {', '.join(map(str, apart))}." if apart else "")
         + (f" Not yet run: {missing}." if missing else ""))
 
@@ -225,10 +227,11 @@ def deep():
         return "No runs yet: python results/methods/run_comparison.py deep."
     text, power_line, n, apart, family, tokens = out
     grown = depth(runs, conditions, lrs)                       # "" until two seeds are in at both depths
+    missing = sum(RC.name(c, lrs[c], s) not in runs for c in ["base"] + conditions for s in RC.DEEP_SEEDS)
     return text + "\n\n" + (
         f"At {RC.DEEP_LAYERS} layers (the same width, data and steps), each condition at its 8-layer lr (the held-out "
         "sweep's pick; not chosen again at this depth), Backout's k kept at 3L/4. " + (grown + " " if grown else "")
-        + note(power_line, n, apart, family, "", tokens))
+        + note(power_line, n, apart, family, f"{missing} runs" if missing else "", tokens))
 
 
 def depth(runs, conditions, lrs):
