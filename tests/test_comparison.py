@@ -15,8 +15,8 @@ import numbers_comparison as NC  # noqa: E402
 import run_comparison as RC  # noqa: E402
 
 
-def fake(condition, lr, seed, loss, zeta=1.0, arithmetic="a"):
-    profile = {"loss": loss, "zeta": [0.0, zeta], "psi": [0.1, 0.2, 0.3], "skip_block_loss_increase": [0.1, 0.5],
+def fake(condition, lr, seed, loss, zeta=1.0, arithmetic="a", psi=(0.1, 0.2, 0.3)):
+    profile = {"loss": loss, "zeta": [0.0, zeta], "psi": list(psi), "skip_block_loss_increase": [0.1, 0.5],
                "logit_lens_loss": [5.0, 4.0, 3.0, 2.5, 2.0, 1.5], "n_tokens": 32768, "analysis_tokens": 4096}
     return {"run": RC.name(condition, lr, seed), "condition": condition, "lr": lr, "seed": seed,
             "machine": {"arithmetic": arithmetic, "cpu": "x", "commit": "c"},
@@ -140,7 +140,8 @@ def test_the_deep_check_runs_the_two_methods_whose_zeta_is_nearest_jregs(folder,
 
 def test_the_deep_check_says_whether_the_jump_grows_and_each_difference_keeps_its_sign(folder, monkeypatch):
     """8 layers (the main table's runs) against 16 (deep): the baseline's ζ_L 3 → 5 in each of 5 seeds (sign flip p =
-    2/2^5); JREG's ζ_L difference stays negative, LNS's val-loss difference turns from + to −."""
+    2/2^5), its Ψ_L over the middle layers' mean Ψ 3 → 5 or 5.1 (0.06 over five 0.02; 0.05 or 0.051 over thirteen
+    0.01); JREG's ζ_L difference stays negative, LNS's val-loss difference turns from + to −."""
     monkeypatch.setattr(RC, "SWEPT", ["base", "jreg_a1", "lns"])
     monkeypatch.setattr(RC, "METHODS", RC.SWEPT)
     monkeypatch.setattr(RC, "CONDITIONS", {c: f"configs/{c}.py" for c in RC.SWEPT})
@@ -148,15 +149,21 @@ def test_the_deep_check_says_whether_the_jump_grows_and_each_difference_keeps_it
                             for lr, loss in zip(RC.SWEEP_LRS, (1.6, 1.5, 1.55))])
     eight = {"base": (1.5, 3.0), "jreg_a1": (1.505, 0.0), "lns": (1.52, 1.0)}
     sixteen = {"base": (1.4, 5.0), "jreg_a1": (1.41, 0.0), "lns": (1.38, 6.0)}
+    psi = {"table": lambda s: [0.3] + [0.02] * 6 + [0.06],
+           "deep": lambda s: [0.3] + [0.01] * 14 + [0.05 + 0.001 * (s % 2)]}
     for part, values in (("table", eight), ("deep", sixteen)):
-        write(folder, part, [fake(c, 3e-3, s, loss + 0.001 * (s % 2), zeta=z) for c, (loss, z) in values.items()
-                             for s in RC.DEEP_SEEDS])
+        write(folder, part, [fake(c, 3e-3, s, loss + 0.001 * (s % 2), zeta=z, psi=psi[part](s))
+                             for c, (loss, z) in values.items() for s in RC.DEEP_SEEDS])
     text = NC.deep()
     assert ("The baseline's ζ_L is 3.00 at 8 layers and 5.00 at 16 over the same 5 seeds (16 − 8 layers: +2.00 "
             "[+2.00, +2.00], p=0.062, the exact sign-flip test).") in text
-    assert ("Against the baseline, 8 → 16 layers (mean differences over the seeds each has): the sign is kept by JREG "
-            "α = 1's ζ_L -3.00 → -5.00; JREG α = 1's val loss +0.0050 → +0.0100, and changes for LayerNorm Scaling's "
-            "ζ_L -2.00 → +1.00; LayerNorm Scaling's val loss +0.0200 → -0.0200.") in text
+    rise = [2.0 + 0.1 * (s % 2) for s in RC.DEEP_SEEDS]        # the seeds 1337, 1 and 3 odd: 2.06 on average
+    assert (f"Yet Ψ_L over the mean Ψ of layers 3..L−1 is 3.00 at 8 layers and 5.06 at 16 "
+            f"({NC.interval(NC.S.t_interval(rise), 2)}, p<0.001, paired t;") in text and "+2.06 [" in text
+    assert ("Against the baseline, 8 → 16 layers (mean differences over the seeds each has; a sign says something only "
+            "where the tables mark the difference *): the sign is kept by JREG α = 1's ζ_L -3.00 → -5.00; JREG α = "
+            "1's val loss +0.0050 → +0.0100, and changes for LayerNorm Scaling's ζ_L -2.00 → +1.00; LayerNorm "
+            "Scaling's val loss +0.0200 → -0.0200.") in text
 
 
 def test_a_table_with_one_seed_in_shows_its_differences_and_what_is_still_to_run(folder, monkeypatch):

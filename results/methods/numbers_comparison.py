@@ -234,10 +234,17 @@ def deep():
         + note(power_line, n, apart, family, f"{missing} runs" if missing else "", tokens))
 
 
+def last_over_middle(p):
+    """Ψ_L over the mean Ψ of the middle layers 3..L−1: how far the last layer stands out at any depth (ζ_L is an
+    absolute rise, and each layer of a deeper model moves the stream less)."""
+    middle = p["psi"][2:-1]
+    return p["psi"][-1] / (sum(middle) / len(middle))
+
+
 def depth(runs, conditions, lrs):
-    """What doubling the depth does: the baseline's ζ_L at 8 and at 16 layers (paired by seed: the same data order; one
-    arithmetic), and whether each condition's mean difference from the baseline keeps its sign, in ζ_L and validation
-    loss."""
+    """What doubling the depth does: the baseline's ζ_L and Ψ_L over the middle layers' mean Ψ at 8 and at 16 layers
+    (paired by seed: the same data order; one arithmetic), and whether each condition's mean difference from the
+    baseline keeps its sign, in ζ_L and validation loss."""
     eight, zeta, loss = RC.load("table"), METRICS["zeta_L"][2], METRICS["val_loss"][2]
     at = lambda table, s: table.get(RC.name("base", lrs["base"], s))                  # noqa: E731
     base = [(at(runs, s), at(eight, s)) for s in RC.DEEP_SEEDS if at(runs, s) and at(eight, s)]
@@ -249,6 +256,12 @@ def depth(runs, conditions, lrs):
     out = (f"The baseline's ζ_L is {means[0]:.2f} at 8 layers and {means[1]:.2f} at {RC.DEEP_LAYERS} over the same "
            f"{len(base)} seeds ({RC.DEEP_LAYERS} − 8 layers: {interval(S.bootstrap_interval(grow), 2)}, "
            f"{p_text(S.sign_flip_p(grow))}, the exact sign-flip test).")
+    ratio = [[last_over_middle(pair[k]["profile"]) for pair in base] for k in (1, 0)]
+    rise = [b - a for a, b in zip(*ratio)]
+    out += (f" Yet Ψ_L over the mean Ψ of layers 3..L−1 is {S.mean_sd(ratio[0])[0]:.2f} at 8 layers and "
+            f"{S.mean_sd(ratio[1])[0]:.2f} at {RC.DEEP_LAYERS} ({interval(S.t_interval(rise), 2)}, "
+            f"{p_text(S.t_p(rise))}, paired t; ζ_L is an absolute rise, and each layer of a deeper model moves the "
+            "stream less: the ratio reads the last layer against the layers below it).")
     kept, flipped = [], []
     for c in conditions:
         for m, f, digits in (("ζ_L", zeta, 2), ("val loss", loss, 4)):
@@ -259,8 +272,9 @@ def depth(runs, conditions, lrs):
                 text = f"{NAMES[c]}'s {m} {d[0]:+.{digits}f} → {d[1]:+.{digits}f}"
                 sign = [(x > 0) - (x < 0) for x in d]
                 (kept if sign[0] == sign[1] else flipped).append(text)
-    return out + (f" Against the baseline, 8 → {RC.DEEP_LAYERS} layers (mean differences over the seeds each has): "
-                  f"the sign is kept by {'; '.join(kept) or 'none'}, and changes for {'; '.join(flipped) or 'none'}.")
+    return out + (f" Against the baseline, 8 → {RC.DEEP_LAYERS} layers (mean differences over the seeds each has; a "
+                  "sign says something only where the tables mark the difference *): the sign is kept by "
+                  f"{'; '.join(kept) or 'none'}, and changes for {'; '.join(flipped) or 'none'}.")
 
 
 def steps():
