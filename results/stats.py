@@ -8,6 +8,7 @@ power (the noncentral t).
     mean, low, high = t_interval(values)            # two-sided 95% t interval of the mean (n − 1 degrees of freedom)
     p = t_p(diff)                                   # paired t test of mean(diff) = 0 (ttest_rel of the pairs)
     p = sign_flip_p(diff)                           # exact: every one of the 2^n sign patterns of diff
+    p = sign_flip_floor(n)                          # its smallest p at n pairs: 2/2^n, whatever the runs
     mean, low, high = bootstrap_interval(diff)      # percentile bootstrap of the mean, fixed generator
     adjusted = holm(ps)                             # Holm's adjusted p-values, in the input's order
     delta = detectable(sd, n, alpha)                # the |mean difference| the paired t test finds with 80% power
@@ -53,6 +54,12 @@ def sign_flip_p(diff):
                                  permutation_type="samples", n_resamples=np.inf, vectorized=True,
                                  alternative="two-sided")
     return float(res.pvalue)
+
+
+def sign_flip_floor(n):
+    """The smallest p the exact sign-flip test can give at n pairs: 2/2^n (the observed pattern and its mirror, every
+    difference of one sign). At 5 pairs 0.0625: no difference can pass 0.05, whatever the runs."""
+    return 2 / 2 ** n
 
 
 def bootstrap_interval(diff, level=LEVEL):

@@ -156,7 +156,7 @@ def test_the_deep_check_says_whether_the_jump_grows_and_each_difference_keeps_it
                              for c, (loss, z) in values.items() for s in RC.DEEP_SEEDS])
     text = NC.deep()
     assert ("The baseline's ζ_L is 3.00 at 8 layers and 5.00 at 16 over the same 5 seeds (16 − 8 layers: +2.00 "
-            "[+2.00, +2.00], p=0.062, the exact sign-flip test).") in text
+            "[+2.00, +2.00], p=0.062, the exact sign-flip test, whose smallest p at 5 seeds is 0.0625).") in text
     rise = [2.0 + 0.1 * (s % 2) for s in RC.DEEP_SEEDS]        # the seeds 1337, 1 and 3 odd: 2.06 on average
     assert (f"Yet Ψ_L over the mean Ψ of layers 3..L−1 is 3.00 at 8 layers and 5.06 at 16 "
             f"({NC.interval(NC.S.t_interval(rise), 2)}, p<0.001, paired t;") in text and "+2.06 [" in text
@@ -185,13 +185,19 @@ def test_the_study_says_its_cpu_time_and_the_second_table_its_finding(folder, mo
     monkeypatch.setattr(RC, "SHARED_SEEDS", list(range(4)))
     write(folder, "sweep", [dict(fake(c, lr, s, loss), wall_seconds=360.0) for s in RC.SWEEP_SEEDS for c in RC.SWEPT
                             for lr, loss in zip(RC.SWEEP_LRS, (1.6, 1.5, 1.55))])
-    write(folder, "table", [fake(c, 3e-3, s, 1.5 + (0.05 if c == "lns" else 0) + 0.001 * s * (c == "lns"))
+    write(folder, "table", [fake(c, 3e-3, s, 1.5 + (0.05 if c == "lns" else 0) + 0.001 * s * (c == "lns"),
+                                 zeta=0.5 + 0.1 * s if c == "lns_depth_init" else 1.0)
                             for c in ("base", "lns", "lns_depth_init") for s in RC.SEEDS])
     assert NC.cost().startswith("24 runs so far, 1.2 CPU-hours") and "sweep 12 runs, 1.2 h, table 12 runs, 0.0 h" in \
         NC.cost() and NC.cost().endswith("; 12 runs without a recorded time.")
     shared = NC.finding(part="shared")
     assert shared.startswith("Over 4 seeds, every condition at the study's lr 3e-3:") and \
         "LayerNorm Scaling costs more than the baseline after the correction" in shared
+    # 4 seeds: the sign-flip test's floor 2/2^4 is above Holm's 0.05/2, so ζ_L is read seed by seed, and said so
+    assert ("ζ_L is below the baseline's in every seed for LNS, depth-scaled init (at 4 seeds the exact sign-flip "
+            "test cannot pass Holm's correction: its smallest p, 0.1250, is above 0.05/2)") in shared
+    assert ("At 4 seeds the exact sign-flip test's smallest p is 2/2^4 = 0.1250, above Holm's first step (0.05/2 = "
+            "0.0250): no ζ_L cell can be marked *") in NC.shared()
 
 
 def test_the_main_table_runs_each_pick_and_the_second_the_studys_lr(folder, monkeypatch):

@@ -42,6 +42,14 @@ def test_the_sign_flip_test_is_exact(diff, p):
     assert S.sign_flip_p([0.0, 0.0, 0.0]) == 1.0
 
 
+@pytest.mark.parametrize("n", [3, 5, 10])
+def test_the_sign_flip_floor_is_the_smallest_p_at_n_pairs(n):
+    """Differences all of one sign and distinct reach the floor 2/2^n (0.0625 at 5: above 0.05); any other pattern
+    gives more."""
+    assert S.sign_flip_p(list(range(1, n + 1))) == pytest.approx(S.sign_flip_floor(n)) == pytest.approx(2 / 2 ** n)
+    assert S.sign_flip_p([-1] + list(range(2, n + 1))) > S.sign_flip_floor(n)
+
+
 def test_the_bootstrap_interval_is_fixed_and_holds_the_mean():
     d = [0.5, -0.2, 1, 2, 0, 0, 3, 1, 1, 1]
     m, low, high = S.bootstrap_interval(d)

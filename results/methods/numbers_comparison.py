@@ -181,6 +181,9 @@ def note(power_line, n, apart, family, missing, tokens):
            f"methods of the sd of their differences, at 0.05 (and at 0.05/{family}, Holm's first step): {power_line}; "
            "smaller differences may exist unseen, and a cell without * says no difference was detected, not that "
            "there is none." if power_line else "")
+        + (f" At {n} seeds the exact sign-flip test's smallest p is 2/2^{n} = {S.sign_flip_floor(n):.4f}, above "
+           f"Holm's first step (0.05/{family} = {0.05 / family:.4f}): no ζ_L cell can be marked *, whatever the runs; "
+           "its interval says what the seeds do." if n and S.sign_flip_floor(n) > 0.05 / family else "")
         + (f" Seeds left out for a differing arithmetic: {', '.join(map(str, apart))}." if apart else "")
         + (f" Not yet run: {missing}." if missing else ""))
 
@@ -255,7 +258,9 @@ def depth(runs, conditions, lrs):
     means = [S.mean_sd([zeta(pair[k]["profile"]) for pair in base])[0] for k in (1, 0)]
     out = (f"The baseline's ζ_L is {means[0]:.2f} at 8 layers and {means[1]:.2f} at {RC.DEEP_LAYERS} over the same "
            f"{len(base)} seeds ({RC.DEEP_LAYERS} − 8 layers: {interval(S.bootstrap_interval(grow), 2)}, "
-           f"{p_text(S.sign_flip_p(grow))}, the exact sign-flip test).")
+           f"{p_text(S.sign_flip_p(grow))}, the exact sign-flip test" + (
+               f", whose smallest p at {len(grow)} seeds is {S.sign_flip_floor(len(grow)):.4f}"
+               if S.sign_flip_floor(len(grow)) > 0.05 else "") + ").")
     ratio = [[last_over_middle(pair[k]["profile"]) for pair in base] for k in (1, 0)]
     rise = [b - a for a, b in zip(*ratio)]
     out += (f" Yet Ψ_L over the mean Ψ of layers 3..L−1 is {S.mean_sd(ratio[0])[0]:.2f} at 8 layers and "
@@ -335,22 +340,28 @@ def finding(short=False, part="table"):
     if not rows:
         return f"No runs yet: python results/methods/run_comparison.py {part}."
     diff = lambda c, m: [METRICS[m][2](a["profile"]) - METRICS[m][2](b["profile"]) for a, b in rows[c].values()]  # noqa
+    named = lambda cs: ", ".join(NAMES[c] for c in cs) or "none"                          # noqa: E731
+    n = min(len(v) for v in rows.values())
     zp = {c: S.sign_flip_p(diff(c, "zeta_L")) for c in rows}
     zeta_held = [c for c, a in zip(zp, S.holm(list(zp.values()))) if a < 0.05]
     lower = [c for c in zeta_held if sum(diff(c, "zeta_L")) < 0]
     higher = [c for c in zeta_held if c not in lower]
+    floor = S.sign_flip_floor(n)
+    if floor > 0.05 / len(rows):                    # too few seeds for the test to pass Holm: what every seed says
+        below = [c for c in rows if all(d < 0 for d in diff(c, "zeta_L"))]
+        zeta_text = (f"ζ_L is below the baseline's in every seed for {named(below)} (at {n} seeds the exact sign-flip "
+                     f"test cannot pass Holm's correction: its smallest p, {floor:.4f}, is above 0.05/{len(rows)})")
+    else:
+        zeta_text = (f"ζ_L is below the baseline's after Holm's correction (the exact sign-flip test) for "
+                     f"{named(lower)}" + (f", above it for {named(higher)}" if higher else ""))
     lt = {c: (S.t_interval(diff(c, "val_loss")), S.t_p(diff(c, "val_loss"))) for c in rows}
     held = {c: a < 0.05 for c, a in zip(lt, S.holm([p for _, p in lt.values()]))}
     zero = [c for c in rows if all(round(a["profile"]["zeta"][-1], 2) == 0 for a, _ in rows[c].values())]
-    named = lambda cs: ", ".join(NAMES[c] for c in cs) or "none"                          # noqa: E731
     cell = lambda c: NAMES[c] if short else f"{NAMES[c]} {interval(lt[c][0], 4)}, {p_text(lt[c][1])}"   # noqa
     worse = [c for c in rows if held[c] and lt[c][0][0] > 0]
     better = [c for c in rows if held[c] and lt[c][0][0] < 0]
-    n = min(len(v) for v in rows.values())
     return (f"Over {n} seeds, {how}: {named(zero)} "
-            f"{'ends' if len(zero) == 1 else 'end'} with ζ_L = 0.00 in every seed, and ζ_L is below the "
-            f"baseline's after Holm's correction (the exact sign-flip test) for {named(lower)}"
-            + (f", above it for {named(higher)}" if higher else "") + ". In validation "
+            f"{'ends' if len(zero) == 1 else 'end'} with ζ_L = 0.00 in every seed, and {zeta_text}. In validation "
             f"loss, {named(worse)} {'costs' if len(worse) == 1 else 'cost'} more than the baseline after the correction"
             + (f" ({'; '.join(cell(c) for c in worse)})" if worse and not short else "")
             + f", {named(better)} {'gains' if len(better) == 1 else 'gain'}"
