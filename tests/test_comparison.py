@@ -160,6 +160,7 @@ def test_the_deep_check_says_whether_the_jump_grows_and_each_difference_keeps_it
     rise = [2.0 + 0.1 * (s % 2) for s in RC.DEEP_SEEDS]        # the seeds 1337, 1 and 3 odd: 2.06 on average
     assert (f"Yet Ψ_L over the mean Ψ of layers 3..L−1 is 3.00 at 8 layers and 5.06 at 16 "
             f"({NC.interval(NC.S.t_interval(rise), 2)}, p<0.001, paired t;") in text and "+2.06 [" in text
+    assert "At 16 layers ζ_L is below the baseline's in every seed for JREG α = 1. Against" in text   # LNS: above
     assert ("Against the baseline, 8 → 16 layers (mean differences over the seeds each has; a sign says something only "
             "where the tables mark the difference *): the sign is kept by JREG α = 1's ζ_L -3.00 → -5.00; JREG α = "
             "1's val loss +0.0050 → +0.0100, and changes for LayerNorm Scaling's ζ_L -2.00 → +1.00; LayerNorm "

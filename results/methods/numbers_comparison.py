@@ -277,6 +277,10 @@ def depth(runs, conditions, lrs):
                 text = f"{NAMES[c]}'s {m} {d[0]:+.{digits}f} → {d[1]:+.{digits}f}"
                 sign = [(x > 0) - (x < 0) for x in d]
                 (kept if sign[0] == sign[1] else flipped).append(text)
+    below = [c for c in conditions if all(zeta(a["profile"]) < zeta(b["profile"]) for a, b in
+                                          pairs(runs, c, "base", lrs[c], lrs["base"], RC.DEEP_SEEDS)[0].values())]
+    out += (f" At {RC.DEEP_LAYERS} layers ζ_L is below the baseline's in every seed for "
+            f"{', '.join(NAMES[c] for c in below) or 'none'}.")
     return out + (f" Against the baseline, 8 → {RC.DEEP_LAYERS} layers (mean differences over the seeds each has; a "
                   "sign says something only where the tables mark the difference *): the sign is kept by "
                   f"{'; '.join(kept) or 'none'}, and changes for {'; '.join(flipped) or 'none'}.")
