@@ -67,6 +67,13 @@ def mean_sd(values, digits):
     return f"{m:.{digits}f}" + (f" ± {sd:.{digits}f}" if len(values) > 1 else "")
 
 
+def untestable(n, family):
+    """The exact sign-flip test's smallest p at n seeds where it lies above Holm's first step 0.05/family, so that no
+    difference can be marked whatever the runs; else None."""
+    floor = S.sign_flip_floor(n)
+    return floor if floor > 0.05 / family else None
+
+
 def p_text(p):
     return "p<0.001" if p < 0.001 else f"p={p:.3f}"
 
@@ -126,7 +133,6 @@ def cells(rows):
             diff = [f(a["profile"]) - f(b["profile"]) for a, b in by_seed.values()]
             if len(diff) == 1:                                  # one seed in: its difference, no test yet
                 out[c, m] = f"{diff[0]:+.{digits}f} (one seed)"
-            if len(diff) < 2:
                 continue
             if test == "sign-flip":
                 tested[c] = (S.bootstrap_interval(diff), S.sign_flip_p(diff), diff)
@@ -183,7 +189,7 @@ def note(power_line, n, apart, family, missing, tokens):
            "there is none." if power_line else "")
         + (f" At {n} seeds the exact sign-flip test's smallest p is 2/2^{n} = {S.sign_flip_floor(n):.4f}, above "
            f"Holm's first step (0.05/{family} = {0.05 / family:.4f}): no ζ_L cell can be marked *, whatever the runs; "
-           "its interval says what the seeds do." if n and S.sign_flip_floor(n) > 0.05 / family else "")
+           "its interval says what the seeds do." if n and untestable(n, family) else "")
         + (f" Seeds left out for a differing arithmetic: {', '.join(map(str, apart))}." if apart else "")
         + (f" Not yet run: {missing}." if missing else ""))
 
@@ -259,26 +265,26 @@ def depth(runs, conditions, lrs):
     out = (f"The baseline's ζ_L is {means[0]:.2f} at 8 layers and {means[1]:.2f} at {RC.DEEP_LAYERS} over the same "
            f"{len(base)} seeds ({RC.DEEP_LAYERS} − 8 layers: {interval(S.bootstrap_interval(grow), 2)}, "
            f"{p_text(S.sign_flip_p(grow))}, the exact sign-flip test" + (
-               f", whose smallest p at {len(grow)} seeds is {S.sign_flip_floor(len(grow)):.4f}"
-               if S.sign_flip_floor(len(grow)) > 0.05 else "") + ").")
+               f", whose smallest p at {len(grow)} seeds is {untestable(len(grow), 1):.4f}"
+               if untestable(len(grow), 1) else "") + ").")
     ratio = [[last_over_middle(pair[k]["profile"]) for pair in base] for k in (1, 0)]
     rise = [b - a for a, b in zip(*ratio)]
     out += (f" Yet Ψ_L over the mean Ψ of layers 3..L−1 is {S.mean_sd(ratio[0])[0]:.2f} at 8 layers and "
             f"{S.mean_sd(ratio[1])[0]:.2f} at {RC.DEEP_LAYERS} ({interval(S.t_interval(rise), 2)}, "
             f"{p_text(S.t_p(rise))}, paired t; ζ_L is an absolute rise, and each layer of a deeper model moves the "
             "stream less: the ratio reads the last layer against the layers below it).")
+    paired = {c: [pairs(table, c, "base", lrs[c], lrs["base"], RC.DEEP_SEEDS)[0] for table in (eight, runs)]
+              for c in conditions}                            # {condition: [{seed: pair} at 8 layers, at 16]}
     kept, flipped = [], []
-    for c in conditions:
+    for c, at in paired.items():
         for m, f, digits in (("ζ_L", zeta, 2), ("val loss", loss, 4)):
-            d = [[f(a["profile"]) - f(b["profile"]) for a, b in
-                  pairs(table, c, "base", lrs[c], lrs["base"], RC.DEEP_SEEDS)[0].values()] for table in (eight, runs)]
+            d = [[f(a["profile"]) - f(b["profile"]) for a, b in by_seed.values()] for by_seed in at]
             if all(d):
                 d = [sum(x) / len(x) for x in d]
                 text = f"{NAMES[c]}'s {m} {d[0]:+.{digits}f} → {d[1]:+.{digits}f}"
                 sign = [(x > 0) - (x < 0) for x in d]
                 (kept if sign[0] == sign[1] else flipped).append(text)
-    below = [c for c in conditions if all(zeta(a["profile"]) < zeta(b["profile"]) for a, b in
-                                          pairs(runs, c, "base", lrs[c], lrs["base"], RC.DEEP_SEEDS)[0].values())]
+    below = [c for c, at in paired.items() if all(zeta(a["profile"]) < zeta(b["profile"]) for a, b in at[1].values())]
     out += (f" At {RC.DEEP_LAYERS} layers ζ_L is below the baseline's in every seed for "
             f"{', '.join(NAMES[c] for c in below) or 'none'}.")
     return out + (f" Against the baseline, 8 → {RC.DEEP_LAYERS} layers (mean differences over the seeds each has; a "
@@ -350,8 +356,8 @@ def finding(short=False, part="table"):
     zeta_held = [c for c, a in zip(zp, S.holm(list(zp.values()))) if a < 0.05]
     lower = [c for c in zeta_held if sum(diff(c, "zeta_L")) < 0]
     higher = [c for c in zeta_held if c not in lower]
-    floor = S.sign_flip_floor(n)
-    if floor > 0.05 / len(rows):                    # too few seeds for the test to pass Holm: what every seed says
+    floor = untestable(n, len(rows))
+    if floor:                                       # too few seeds for the test to pass Holm: what every seed says
         below = [c for c in rows if all(d < 0 for d in diff(c, "zeta_L"))]
         zeta_text = (f"ζ_L is below the baseline's in every seed for {named(below)} (at {n} seeds the exact sign-flip "
                      f"test cannot pass Holm's correction: its smallest p, {floor:.4f}, is above 0.05/{len(rows)})")
