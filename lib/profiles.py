@@ -18,7 +18,7 @@ from data import is_conversations, list_shards, read_manifest, read_shard
 from jreg import Profile
 from lib.hf import llama_from_hf
 from lib.progress import Progress
-from lib.style import DPI, grid, legend, line_styles, pretty
+from lib.style import grid, legend, line_styles, pretty, save
 from model import Llama
 from tokenizer import HFTokenizer, get_tokenizer, tokenizer_fingerprint
 
@@ -613,12 +613,8 @@ def plot_profiles(profiles, out_dir, series=None, exits=None, files=None):
     """The figures of profile_figures written into out_dir as PNGs (lib/style.py's DPI); returns the paths written."""
     import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     figures = profile_figures(profiles, series, exits, files)
-    for file, fig in figures.items():
-        fig.savefig(os.path.join(out_dir, file), dpi=DPI)
-        plt.close(fig)
-    return [os.path.join(out_dir, file) for file in figures]
+    return [save(fig, os.path.join(out_dir, file)) for file, fig in figures.items()]
 
 
 def report_figures(report):

@@ -292,7 +292,7 @@ def plots(runs, seeds, values):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     sys.path.insert(0, ROOT)
-    from lib.style import COLOURS, DPI, LABELS, MARKERS
+    from lib.style import COLOURS, LABELS, MARKERS, save
     fig, ax = plt.subplots(figsize=(6.4, 4), layout="constrained")
     for i, c in enumerate(CONDITIONS):
         profiles = [runs[c][s]["profile"]["psi"] for s in seeds]
@@ -306,8 +306,7 @@ def plots(runs, seeds, values):
     ax.set(xlabel=r"layer $\ell$", ylabel=r"$\Psi_\ell$ (raw $h_L$, 32,768 val tokens)",
            title=rf"KJV: $\Psi_\ell$, mean ± sd over {len(seeds)} seeds")
     ax.legend(fontsize=8.5, loc="upper left")
-    fig.savefig(os.path.join(KJV, "psi_profiles.png"), dpi=DPI)
-    plt.close(fig)
+    save(fig, os.path.join(KJV, "psi_profiles.png"))
     fig, ax = plt.subplots(figsize=(6.4, 4), layout="constrained")
     width = {"base": 2.2, "jreg_a1": 2.2, "jreg_a3": 4.5}
     for c in ("base", "jreg_a3", "jreg_a1"):                    # α = 1 drawn last, dashed, over α = 3's wider line
@@ -324,8 +323,7 @@ def plots(runs, seeds, values):
     ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8.5, loc="upper left")
     ax.set(xlabel="training step", ylabel=r"$\zeta_L$ (%, raw $h_L$)",
            title=r"$\zeta_L$ over training: each seed (thin), the mean")
-    fig.savefig(os.path.join(KJV, "zeta_over_training.png"), dpi=DPI)
-    plt.close(fig)
+    save(fig, os.path.join(KJV, "zeta_over_training.png"))
 
 
 @functools.cache
