@@ -264,3 +264,9 @@ def test_the_optimizer_table_pairs_muon_with_adamw_and_follows_zeta_over_trainin
     os.remove(folder / "table" / f"{RC.name('muon', 3e-3, 5)}.json")
     assert NO.figure() == "Not drawn yet: the runs are under way." and NO.plot() is None and len(runs) == 24
     assert NO.readme().startswith("The study of AdamW and Muon")
+
+
+def test_a_list_of_names_holding_a_comma_is_split_by_semicolons():
+    assert NC.listed(["jreg_a1", "lns"]) == "JREG α = 1, LayerNorm Scaling"
+    assert NC.listed(["jreg_a1", "lns_depth_init", "periln"]) == "JREG α = 1; LNS, depth-scaled init; Peri-LN"
+    assert NC.listed([]) == "none"

@@ -74,6 +74,12 @@ def untestable(n, family):
     return floor if floor > 0.05 / family else None
 
 
+def listed(conditions):
+    """The conditions' names, by commas, or by semicolons where a name holds a comma ("LNS, depth-scaled init")."""
+    names = [NAMES[c] for c in conditions]
+    return ("; " if any("," in n for n in names) else ", ").join(names) or "none"
+
+
 def p_text(p):
     return "p<0.001" if p < 0.001 else f"p={p:.3f}"
 
@@ -286,7 +292,7 @@ def depth(runs, conditions, lrs):
                 (kept if sign[0] == sign[1] else flipped).append(text)
     below = [c for c, at in paired.items() if all(zeta(a["profile"]) < zeta(b["profile"]) for a, b in at[1].values())]
     out += (f" At {RC.DEEP_LAYERS} layers ζ_L is below the baseline's in every seed for "
-            f"{', '.join(NAMES[c] for c in below) or 'none'}.")
+            f"{listed(below)}.")
     return out + (f" Against the baseline, 8 → {RC.DEEP_LAYERS} layers (mean differences over the seeds each has; a "
                   "sign says something only where the tables mark the difference *): the sign is kept by "
                   f"{'; '.join(kept) or 'none'}, and changes for {'; '.join(flipped) or 'none'}.")
@@ -350,7 +356,6 @@ def finding(short=False, part="table"):
     if not rows:
         return f"No runs yet: python results/methods/run_comparison.py {part}."
     diff = lambda c, m: [METRICS[m][2](a["profile"]) - METRICS[m][2](b["profile"]) for a, b in rows[c].values()]  # noqa
-    named = lambda cs: ", ".join(NAMES[c] for c in cs) or "none"                          # noqa: E731
     n = min(len(v) for v in rows.values())
     zp = {c: S.sign_flip_p(diff(c, "zeta_L")) for c in rows}
     zeta_held = [c for c, a in zip(zp, S.holm(list(zp.values()))) if a < 0.05]
@@ -359,25 +364,26 @@ def finding(short=False, part="table"):
     floor = untestable(n, len(rows))
     if floor:                                       # too few seeds for the test to pass Holm: what every seed says
         below = [c for c in rows if all(d < 0 for d in diff(c, "zeta_L"))]
-        zeta_text = (f"ζ_L is below the baseline's in every seed for {named(below)} (at {n} seeds the exact sign-flip "
+        zeta_text = (f"ζ_L is below the baseline's in every seed for {listed(below)} (at {n} seeds the exact sign-flip "
                      f"test cannot pass Holm's correction: its smallest p, {floor:.4f}, is above 0.05/{len(rows)})")
     else:
         zeta_text = (f"ζ_L is below the baseline's after Holm's correction (the exact sign-flip test) for "
-                     f"{named(lower)}" + (f", above it for {named(higher)}" if higher else ""))
+                     f"{listed(lower)}" + (f", above it for {listed(higher)}" if higher else ""))
     lt = {c: (S.t_interval(diff(c, "val_loss")), S.t_p(diff(c, "val_loss"))) for c in rows}
     held = {c: a < 0.05 for c, a in zip(lt, S.holm([p for _, p in lt.values()]))}
     zero = [c for c in rows if all(round(a["profile"]["zeta"][-1], 2) == 0 for a, _ in rows[c].values())]
     cell = lambda c: NAMES[c] if short else f"{NAMES[c]} {interval(lt[c][0], 4)}, {p_text(lt[c][1])}"   # noqa
     worse = [c for c in rows if held[c] and lt[c][0][0] > 0]
     better = [c for c in rows if held[c] and lt[c][0][0] < 0]
-    return (f"Over {n} seeds, {how}: {named(zero)} "
+    return (f"Over {n} seeds, {how}: {listed(zero)} "
             f"{'ends' if len(zero) == 1 else 'end'} with ζ_L = 0.00 in every seed, and {zeta_text}. In validation "
-            f"loss, {named(worse)} {'costs' if len(worse) == 1 else 'cost'} more than the baseline after the correction"
+            f"loss, {listed(worse)} {'costs' if len(worse) == 1 else 'cost'} more than the baseline after the correction"
             + (f" ({'; '.join(cell(c) for c in worse)})" if worse and not short else "")
-            + f", {named(better)} {'gains' if len(better) == 1 else 'gain'}"
+            + f", {listed(better)} {'gains' if len(better) == 1 else 'gain'}"
             + (f" ({'; '.join(cell(c) for c in better)})" if better and not short else "")
             + ", and no difference is detected for "
-            + ("; " if not short else ", ").join(cell(c) for c in rows if c not in worse and c not in better) + ".")
+            + ("; ".join(cell(c) for c in rows if c not in worse and c not in better) if not short
+               else listed(c for c in rows if c not in worse and c not in better)) + ".")
 
 
 FIGURE = os.path.join(HERE, "comparison.png")
