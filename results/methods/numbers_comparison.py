@@ -193,9 +193,9 @@ def note(power_line, n, apart, family, missing, tokens):
            f"methods of the sd of their differences, at 0.05 (and at 0.05/{family}, Holm's first step): {power_line}; "
            "smaller differences may exist unseen, and a cell without * says no difference was detected, not that "
            "there is none." if power_line else "")
-        + (f" At {n} seeds the exact sign-flip test's smallest p is 2/2^{n} = {S.sign_flip_floor(n):.4f}, above "
+        + (f" At {n} seeds the exact sign-flip test's smallest p is 2/2^{n} = {floor:.4f}, above "
            f"Holm's first step (0.05/{family} = {0.05 / family:.4f}): no ζ_L cell can be marked *, whatever the runs; "
-           "its interval says what the seeds do." if n and untestable(n, family) else "")
+           "its interval says what the seeds do." if n and (floor := untestable(n, family)) else "")
         + (f" Seeds left out for a differing arithmetic: {', '.join(map(str, apart))}." if apart else "")
         + (f" Not yet run: {missing}." if missing else ""))
 
@@ -271,8 +271,8 @@ def depth(runs, conditions, lrs):
     out = (f"The baseline's ζ_L is {means[0]:.2f} at 8 layers and {means[1]:.2f} at {RC.DEEP_LAYERS} over the same "
            f"{len(base)} seeds ({RC.DEEP_LAYERS} − 8 layers: {interval(S.bootstrap_interval(grow), 2)}, "
            f"{p_text(S.sign_flip_p(grow))}, the exact sign-flip test" + (
-               f", whose smallest p at {len(grow)} seeds is {untestable(len(grow), 1):.4f}"
-               if untestable(len(grow), 1) else "") + ").")
+               f", whose smallest p at {len(grow)} seeds is {floor:.4f}"
+               if (floor := untestable(len(grow), 1)) else "") + ").")
     ratio = [[last_over_middle(pair[k]["profile"]) for pair in base] for k in (1, 0)]
     rise = [b - a for a, b in zip(*ratio)]
     out += (f" Yet Ψ_L over the mean Ψ of layers 3..L−1 is {S.mean_sd(ratio[0])[0]:.2f} at 8 layers and "
@@ -291,8 +291,7 @@ def depth(runs, conditions, lrs):
                 sign = [(x > 0) - (x < 0) for x in d]
                 (kept if sign[0] == sign[1] else flipped).append(text)
     below = [c for c, at in paired.items() if all(zeta(a["profile"]) < zeta(b["profile"]) for a, b in at[1].values())]
-    out += (f" At {RC.DEEP_LAYERS} layers ζ_L is below the baseline's in every seed for "
-            f"{listed(below)}.")
+    out += f" At {RC.DEEP_LAYERS} layers ζ_L is below the baseline's in every seed for {listed(below)}."
     return out + (f" Against the baseline, 8 → {RC.DEEP_LAYERS} layers (mean differences over the seeds each has; a "
                   "sign says something only where the tables mark the difference *): the sign is kept by "
                   f"{'; '.join(kept) or 'none'}, and changes for {'; '.join(flipped) or 'none'}.")
@@ -377,7 +376,8 @@ def finding(short=False, part="table"):
     better = [c for c in rows if held[c] and lt[c][0][0] < 0]
     return (f"Over {n} seeds, {how}: {listed(zero)} "
             f"{'ends' if len(zero) == 1 else 'end'} with ζ_L = 0.00 in every seed, and {zeta_text}. In validation "
-            f"loss, {listed(worse)} {'costs' if len(worse) == 1 else 'cost'} more than the baseline after the correction"
+            f"loss, {listed(worse)} {'costs' if len(worse) == 1 else 'cost'} more than the baseline after the "
+            "correction"
             + (f" ({'; '.join(cell(c) for c in worse)})" if worse and not short else "")
             + f", {listed(better)} {'gains' if len(better) == 1 else 'gain'}"
             + (f" ({'; '.join(cell(c) for c in better)})" if better and not short else "")
