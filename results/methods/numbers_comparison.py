@@ -166,6 +166,7 @@ def comparison(runs, conditions, lrs, base_lr, seeds, title):
     base = [b for v in rows.values() for _, b in v.values()]
     base = list({id(b): b for b in base}.values())
     texts, power = cells(rows)
+    family = sum(len(v) > 1 for v in rows.values())           # Holm's: the conditions tested (a second seed in)
     lines = [f"| {title} | lr | seeds | " + " | ".join(label for label, *_ in METRICS.values()) + " |",
              "|---" * (len(METRICS) + 3) + "|",
              f"| baseline (mean ± sd) | {lr_text(base_lr)} | {len(base)} | " + " | ".join(
@@ -174,10 +175,10 @@ def comparison(runs, conditions, lrs, base_lr, seeds, title):
         lines.append(f"| {NAMES[c]} | {lr_text(lrs[c])} | {len(v)} | " + " | ".join(
             texts.get((c, m), "") for m in METRICS) + " |")
     power_line = "; ".join(f"{METRICS[m][0].split(' (')[0]} {d:.{METRICS[m][1]}f} ({dh:.{METRICS[m][1]}f} at "
-                           f"0.05/{len(rows)})" for m, (n, d, dh) in power.items())
+                           f"0.05/{family})" for m, (n, d, dh) in power.items())
     n = min(n for n, _, _ in power.values()) if power else 0
     counts = {(r["profile"]["n_tokens"], r["profile"]["analysis_tokens"]) for r in base}
-    return "\n".join(lines), power_line, n, sorted(apart), len(rows), max(counts)
+    return "\n".join(lines), power_line, n, sorted(apart), family, max(counts)
 
 
 def note(power_line, n, apart, family, missing, tokens):
